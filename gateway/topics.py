@@ -9,6 +9,7 @@ watermark is right on every broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 
@@ -23,10 +24,8 @@ async def create_topics(bootstrap: str, partitions: Mapping[str, int]) -> None:
     await admin.start()
     try:
         for name, count in partitions.items():
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics([NewTopic(name, count, replication_factor=1)])
-            except TopicAlreadyExistsError:
-                pass
     finally:
         await admin.close()
 
@@ -39,7 +38,7 @@ async def partitions_of(consumer: AIOKafkaConsumer, topic: str, timeout_s: float
             return sorted(parts)
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic!r} has no partitions in metadata")
-        await consumer._client.force_metadata_update()  # noqa: SLF001 - no public refresh
+        await consumer._client.force_metadata_update()
         await asyncio.sleep(0.05)
 
 

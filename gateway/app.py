@@ -1,0 +1,230 @@
+"""Wiring and lifecycle: start, run the batch loop, stop.
+
+start: health endpoint, wait for a Redis majority, producer, consumer (join
+the group). run: fetch a batch, process it under the batch lock, commit.
+stop (the stop event, e.g. SIGTERM): stop fetching, finish the batch in
+hand, commit it, leave the group, flush and close; teardown runs in reverse.
+
+A rebalance waits on the batch lock (`on_partitions_revoked`), so a revoked
+partition's in-flight batch is forwarded and committed before it moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError
+
+from gateway.config import KafkaSettings, Settings, redacted
+from gateway.health import HealthServer
+from gateway.metrics import Metrics
+from gateway.pipeline import BatchResult, Pipeline
+from gateway.quorum import Quorum
+from gateway.sink import Sink
+
+logger = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_MS = 100  # how long an idle fetch waits: bounds the reaction to stop
+
+
+def kafka_client_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """Connection and security options shared by every aiokafka client we build."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers,
+        "security_protocol": kafka.security_protocol,
+    }
+    if kafka.sasl_mechanism:
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+        options["sasl_plain_username"] = kafka.sasl_username
+        options["sasl_plain_password"] = (
+            kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+        )
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        options["ssl_context"] = create_ssl_context(
+            cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile else None,
+            certfile=str(kafka.ssl_certfile) if kafka.ssl_certfile else None,
+            keyfile=str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
+        )
+    return options
+
+
+def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        **kafka_client_options(kafka),
+        acks="all",
+        enable_idempotence=kafka.producer_idempotence,
+        linger_ms=2,
+        max_batch_size=1_000_000,
+        max_request_size=1_048_576,
+    )
+
+
+@dataclass
+class _Backoff:
+    delay_s: float
+    resume_at: float
+
+
+class Gateway:
+    """The dedup gateway service. `await Gateway(settings).run(stop_event)`."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.quorum = Quorum(settings.redis, self.metrics)
+        self.health = HealthServer(
+            self.metrics.registry, self.readiness, settings.metrics.host, settings.metrics.port
+        )
+        self.batch_lock = asyncio.Lock()
+        self.consumer: AIOKafkaConsumer | None = None
+        self.blocked: dict[TopicPartition, _Backoff] = {}
+        self.batches = 0
+        self._lag_due = 0.0
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.quorum.healthy:
+            return False, "no Redis majority"
+        if self.consumer is None or not self.consumer.assignment():
+            return False, "not in the consumer group (no partitions assigned)"
+        if self.blocked:
+            return False, f"{len(self.blocked)} partition(s) blocked on undecided votes"
+        return True, "ready"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        kafka = self.settings.kafka
+        logger.info(
+            "starting: raw=%s clean=%s group=%s redis=[%s] id=%s on_no_quorum=%s",
+            ",".join(kafka.raw_topics), kafka.clean_topic, kafka.group_id,
+            ", ".join(redacted(n) for n in self.settings.redis.nodes),
+            self.settings.dedup.id, self.settings.dedup.on_no_quorum,
+        )  # fmt: skip
+        async with contextlib.AsyncExitStack() as stack:
+            await self.health.start()
+            stack.push_async_callback(self.health.stop)
+            stack.push_async_callback(self.quorum.close)
+            await self.quorum.wait_for_majority(stop)
+            if stop.is_set():
+                return
+            producer = build_producer(kafka)
+            await producer.start()
+            stack.push_async_callback(producer.stop)
+            consumer = AIOKafkaConsumer(
+                **kafka_client_options(kafka),
+                group_id=kafka.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=4 * 1024 * 1024,
+            )
+            await consumer.start()
+            stack.push_async_callback(consumer.stop)
+            consumer.subscribe(kafka.raw_topics, listener=_Rebalance(self))
+            self.consumer = consumer
+            pipeline = Pipeline(self.settings, self.quorum, Sink(producer), self.metrics)
+            await self._loop(consumer, pipeline, stop)
+        logger.info("stopped after %d batches", self.batches)
+
+    async def _loop(
+        self, consumer: AIOKafkaConsumer, pipeline: Pipeline, stop: asyncio.Event
+    ) -> None:
+        max_records = self.settings.kafka.max_batch_records
+        while not stop.is_set():
+            self._resume_due(consumer)
+            batch = await consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=max_records)
+            self.metrics.ready.set(1 if self.readiness()[0] else 0)
+            if not batch:
+                await self._update_lag(consumer)
+                continue
+            started = time.perf_counter()
+            async with self.batch_lock:
+                result = await pipeline.process(batch)
+                self._block(consumer, result, batch.keys())
+                await self._commit(consumer, result)
+            self.batches += 1
+            self.metrics.batch_seconds.observe(time.perf_counter() - started)
+            self.metrics.batch_records.observe(sum(len(r) for r in batch.values()))
+            await self._update_lag(consumer)
+
+    async def _commit(self, consumer: AIOKafkaConsumer, result: BatchResult) -> None:
+        if not result.commits:
+            return
+        try:
+            await consumer.commit(result.commits)
+        except CommitFailedError as exc:
+            # The partitions moved on; their new owner replays from the last
+            # commit, and finds our marks owned by these same source records.
+            logger.warning("commit failed after a rebalance, batch will be replayed: %s", exc)
+
+    def _block(
+        self, consumer: AIOKafkaConsumer, result: BatchResult, fetched: Iterable[TopicPartition]
+    ) -> None:
+        """Pause partitions with an undecided vote; lift blocks that have cleared."""
+        backoff = self.settings.dedup
+        now = time.monotonic()
+        for tp in fetched:
+            if tp in result.blocked:
+                consumer.seek(tp, result.blocked[tp])
+                consumer.pause(tp)
+                previous = self.blocked.get(tp)
+                delay = (
+                    backoff.retry_backoff_initial.total_seconds()
+                    if previous is None
+                    else min(previous.delay_s * 2, backoff.retry_backoff_max.total_seconds())
+                )
+                self.blocked[tp] = _Backoff(delay, now + delay)
+                logger.warning(
+                    "partition %s blocked at offset %d: no majority decided; retry in %.2fs",
+                    tp, result.blocked[tp], delay,
+                )  # fmt: skip
+            elif self.blocked.pop(tp, None) is not None:
+                logger.info("partition %s unblocked", tp)
+        self.metrics.partitions_blocked.set(len(self.blocked))
+
+    def _resume_due(self, consumer: AIOKafkaConsumer) -> None:
+        now = time.monotonic()
+        due = [tp for tp, b in self.blocked.items() if b.resume_at <= now]
+        if due:
+            consumer.resume(*due)
+
+    async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
+        """Lag from the fetch-response high watermark (right on every broker), once a second."""
+        now = time.monotonic()
+        if now < self._lag_due:
+            return
+        self._lag_due = now + 1.0
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None:  # a fetch happened, so the position is known
+                lag = max(0, high - await consumer.position(tp))
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        for tp in partitions:
+            self.blocked.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
+        self.metrics.partitions_blocked.set(len(self.blocked))
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Wait for the batch in hand: it is forwarded and committed before the
+        # partitions move, so the next owner neither loses nor repeats it.
+        async with self.gateway.batch_lock:
+            self.gateway.forget(revoked)
+        if revoked:
+            logger.info("partitions revoked: %s", sorted(map(str, revoked)))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        logger.info("partitions assigned: %s", sorted(map(str, assigned)))

@@ -1,0 +1,180 @@
+"""One batch through the data path: extract ids, vote, forward, decide commits.
+
+The ordering rule that makes the gateway crash-safe: marks are claimed with
+the source record's own owner token *before* forwarding, and offsets are
+committed only *after* the broker acknowledged everything the batch forwarded.
+A crash anywhere in between replays the batch; the replayed records find marks
+they own, so they are forwarded again (a bounded duplicate), never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from gateway.config import Settings
+from gateway.ids import BadRecord, build_extractor
+from gateway.keys import mark_key, owner_token, source_ref
+from gateway.metrics import Metrics
+from gateway.quorum import Quorum
+from gateway.sink import OutRecord, Sink
+from gateway.vote import MINE, Outcome, Reply, decide
+
+logger = logging.getLogger(__name__)
+
+Record = ConsumerRecord[bytes, bytes]
+H_ID, H_SOURCE, H_TOKEN, H_ATTEMPT = "dedup-id", "dedup-source", "dedup-token", "dedup-attempt"
+H_UNCERTAIN, H_ERROR = "dedup-uncertain", "dedup-error"
+
+
+@dataclass(slots=True)
+class Claim:
+    record: Record
+    message_id: bytes
+    key: bytes
+    owner: str
+    attempt: int = 1
+
+
+@dataclass
+class BatchResult:
+    """What the caller must do after a batch was forwarded and acknowledged."""
+
+    commits: dict[TopicPartition, int] = field(default_factory=dict)  # next offset to read
+    blocked: dict[TopicPartition, int] = field(default_factory=dict)  # rewind here, pause
+    forwarded: int = 0
+    duplicates: int = 0
+    quarantined: int = 0
+
+
+def clean_headers(
+    record: Record, message_id: bytes, token: str, extra: Sequence[tuple[str, bytes]] = ()
+) -> list[tuple[str, bytes]]:
+    """The raw headers (minus any stale dedup-*) plus this gateway's own."""
+    headers = [(k, v) for k, v in record.headers if not k.startswith("dedup-")]
+    headers += [
+        (H_ID, message_id),
+        (H_SOURCE, source_ref(record.topic, record.partition, record.offset).encode()),
+        (H_TOKEN, token.encode()),
+        *extra,
+    ]
+    return headers
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, quorum: Quorum, sink: Sink, metrics: Metrics) -> None:
+        self.settings = settings
+        self.quorum = quorum
+        self.sink = sink
+        self.metrics = metrics
+        self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
+        self.prefix = settings.redis.key_prefix.encode()
+        self.policy = settings.dedup.on_no_quorum
+
+    async def process(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> BatchResult:
+        """Vote on, forward and acknowledge one fetched batch; return what to commit."""
+        result = BatchResult()
+        claims: list[Claim] = []
+        bad: dict[int, BadRecord] = {}  # id(record) -> reason
+        for tp, records in batch.items():
+            self.metrics.records_in.labels(tp.topic).inc(len(records))
+            for rec in records:
+                try:
+                    message_id = self.extract(rec)
+                except BadRecord as exc:
+                    bad[id(rec)] = exc
+                    continue
+                owner = owner_token(rec.topic, rec.partition, rec.offset)
+                claims.append(Claim(rec, message_id, mark_key(self.prefix, message_id), owner))
+
+        outcomes = await self.vote(claims)
+        forward: list[OutRecord] = []
+        quarantine: list[OutRecord] = []
+        by_record = {id(c.record): (c, o) for c, o in zip(claims, outcomes, strict=True)}
+        for tp, records in batch.items():
+            next_offset = None
+            for rec in records:
+                if (exc := bad.get(id(rec))) is not None:
+                    quarantine.append(self._quarantined(rec, exc))
+                    result.quarantined += 1
+                else:
+                    claim, outcome = by_record[id(rec)]
+                    if outcome is Outcome.UNDECIDED and self.policy == "block":
+                        result.blocked[tp] = rec.offset
+                        self.metrics.undecided.labels("block").inc()
+                        break
+                    if outcome is Outcome.FORWARD or (
+                        outcome is Outcome.UNDECIDED and self.policy == "forward"
+                    ):
+                        uncertain = outcome is Outcome.UNDECIDED
+                        forward.append(self._clean(claim, uncertain))
+                        result.forwarded += 1
+                        if uncertain:
+                            self.metrics.undecided.labels("forward").inc()
+                    elif outcome is Outcome.DUPLICATE:
+                        result.duplicates += 1
+                    else:
+                        self.metrics.undecided.labels("drop").inc()
+                next_offset = rec.offset + 1
+            if next_offset is not None:
+                result.commits[tp] = next_offset
+
+        await self.deliver(self.settings.kafka.clean_topic, forward)
+        await self.deliver(self.settings.kafka.quarantine_topic, quarantine)
+        self.metrics.forwarded.inc(result.forwarded)
+        self.metrics.duplicates.inc(result.duplicates)
+        return result
+
+    async def vote(self, claims: Sequence[Claim]) -> list[Outcome]:
+        """Claim every mark on every instance (one call each), decide, repair minorities."""
+        if not claims:
+            return []
+        replies = await self.quorum.claim([c.key for c in claims], [c.owner for c in claims])
+        quorum = self.quorum.majority
+        outcomes: list[Outcome] = []
+        repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
+        for j, claim in enumerate(claims):
+            row: list[Reply] = [per_instance[j] for per_instance in replies]
+            decision = decide(claim.owner, row, quorum)
+            outcomes.append(decision.outcome)
+            if decision.winner is None:
+                continue
+            for i, reply in enumerate(row):
+                seen = claim.owner if reply == MINE else reply
+                if reply is not None and seen != decision.winner:
+                    assert isinstance(seen, str)
+                    repairs[i].append((claim.key, seen, decision.winner))
+        if any(repairs):
+            await self.quorum.repair(repairs)
+        return outcomes
+
+    async def deliver(self, topic: str, records: Sequence[OutRecord]) -> None:
+        """Produce and wait for the broker's acknowledgement of every record."""
+        if records:
+            futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
+            await asyncio.gather(*futures)
+
+    def _clean(self, claim: Claim, uncertain: bool) -> OutRecord:
+        rec = claim.record
+        extra: list[tuple[str, bytes]] = []
+        if claim.attempt > 1:
+            extra.append((H_ATTEMPT, str(claim.attempt).encode()))
+        if uncertain:
+            extra.append((H_UNCERTAIN, b"1"))
+        headers = clean_headers(rec, claim.message_id, claim.owner, extra)
+        return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
+
+    def _quarantined(self, rec: Record, exc: BadRecord) -> OutRecord:
+        self.metrics.quarantined.labels(exc.reason).inc()
+        logger.warning("quarantined %s: %s", source_ref(rec.topic, rec.partition, rec.offset), exc)
+        headers = [
+            *rec.headers,
+            (H_ERROR, str(exc).encode()),
+            (H_SOURCE, source_ref(rec.topic, rec.partition, rec.offset).encode()),
+        ]
+        return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)

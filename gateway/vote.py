@@ -1,0 +1,49 @@
+"""The majority vote over the instances' replies: a pure function.
+
+Each instance replies, for one record, with MINE (the mark is held by this
+record), another owner's token, or nothing (down, timed out, error). With N
+instances and m = N//2 + 1:
+- m or more hold this record's mark: FORWARD;
+- m or more hold one other owner's mark: DUPLICATE of that owner;
+- every instance answered but no owner has m (copies claimed concurrently on
+  different instances): the owner with the most marks wins, ties going to the
+  smallest token. Every gateway that sees all N replies sees the same marks
+  (a mark is set once, and only repair rewrites it, towards the winner), so
+  every gateway picks the same winner and exactly one copy is forwarded;
+- otherwise (too few answers to know): UNDECIDED, handled by `on_no_quorum`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MINE = 1
+Reply = int | str | None  # MINE, another owner's token, or no answer
+
+
+class Outcome(enum.Enum):
+    FORWARD = "forward"
+    DUPLICATE = "duplicate"
+    UNDECIDED = "undecided"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    winner: str | None  # the owning token when decided
+
+
+def decide(own: str, replies: Sequence[Reply], quorum: int) -> Decision:
+    """Decide one record from its per-instance replies (see module docstring)."""
+    owners = Counter(own if reply == MINE else reply for reply in replies if reply is not None)
+    if not owners:
+        return Decision(Outcome.UNDECIDED, None)
+    # Most marks first; among equals, the smallest token (a rule every gateway shares).
+    # (len, text) orders decimal tokens numerically without parsing foreign values.
+    winner, marks = min(owners.items(), key=lambda item: (-item[1], len(item[0]), item[0]))
+    if marks < quorum and sum(owners.values()) < len(replies):
+        return Decision(Outcome.UNDECIDED, None)
+    return Decision(Outcome.FORWARD if winner == own else Outcome.DUPLICATE, winner)
