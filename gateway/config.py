@@ -118,6 +118,8 @@ class RedisSettings(_Section):
 
 
 class DedupSettings(_Section):
+    # false: forward every record with an id, no Redis calls (the benchmark's ceiling).
+    enabled: bool = True
     # Where the message id comes from: "header:NAME", "key", "json:dotted.path", "hash".
     id: str = "header:message-id"
     # What to do with a record no majority decides (instances down, split vote).

@@ -134,6 +134,8 @@ class Pipeline:
         """Claim every mark on every instance (one call each), decide, repair minorities."""
         if not claims:
             return []
+        if not self.settings.dedup.enabled:
+            return [Outcome.FORWARD] * len(claims)
         replies = await self.quorum.claim([c.key for c in claims], [c.owner for c in claims])
         quorum = self.quorum.majority
         outcomes: list[Outcome] = []

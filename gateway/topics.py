@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Mapping
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -75,3 +75,43 @@ async def read_topic(
         )
     finally:
         await consumer.stop()
+
+
+async def partitions_of_producer(producer: AIOKafkaProducer, topic: str) -> list[int]:
+    parts = await producer.partitions_for(topic)
+    if not parts:
+        raise RuntimeError(f"topic {topic!r} has no partitions")
+    return sorted(parts)
+
+
+async def committed_offsets(bootstrap: str, group_id: str, topic: str) -> dict[int, int]:
+    """The group's committed offsets (next offset to read) per partition of `topic`.
+
+    Read through a consumer that names the group but only `assign`s, so it
+    never joins the group (which would trigger a rebalance of its members).
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+        consumer.assign(tps)
+        return {tp.partition: (await consumer.committed(tp)) or 0 for tp in tps}
+    finally:
+        await consumer.stop()
+
+
+async def wait_committed(
+    bootstrap: str, group_id: str, topic: str, ends: Mapping[int, int], timeout_s: float = 60
+) -> None:
+    """Wait until `group_id` committed `ends[partition]` on every partition of `topic`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        committed = await committed_offsets(bootstrap, group_id, topic)
+        behind = {p: (committed[p], end) for p, end in ends.items() if committed[p] < end}
+        if not behind:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"group {group_id} still behind on {topic}: {behind}")
+        await asyncio.sleep(0.1)

@@ -1,0 +1,111 @@
+"""Run gateways against the test servers: in-process tasks, or real processes
+(for SIGKILL tests), with settings built through the real config loader."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from aiokafka import ConsumerRecord
+
+from gateway.app import Gateway
+from gateway.config import Settings, load_settings
+from gateway.topics import create_topics, read_topic
+
+
+class Topics:
+    def __init__(self, names: Callable[[str], str]) -> None:
+        self.raw = names("raw")
+        self.clean = names("clean")
+        self.failures = names("failures")
+        self.quarantine = names("quarantine")
+        self.dead = names("dead")
+        self.group = names("group")
+
+    async def create(self, bootstrap: str, raw_partitions: int = 4, clean_partitions: int = 4) -> None:
+        await create_topics(
+            bootstrap,
+            {self.raw: raw_partitions, self.clean: clean_partitions, self.failures: 2,
+             self.quarantine: 1, self.dead: 1},
+        )  # fmt: skip
+
+
+def make_settings(bootstrap: str, topics: Topics, redis: list[str], **sections: Any) -> Settings:
+    config: dict[str, Any] = {
+        "kafka": {
+            "bootstrap_servers": bootstrap, "raw_topics": [topics.raw],
+            "clean_topic": topics.clean, "failure_topic": topics.failures,
+            "quarantine_topic": topics.quarantine, "dead_letter_topic": topics.dead,
+            "group_id": topics.group, "max_batch_records": 500,
+        },
+        "redis": {"nodes": redis, "timeout": "300ms"},
+        "dedup": {"retry_backoff_initial": "50ms", "retry_backoff_max": "500ms"},
+        "metrics": {"host": "127.0.0.1", "port": 0},
+    }  # fmt: skip
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return load_settings(**config)
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Gateway]:
+    """A gateway as a task of this event loop; stopped (drained) on exit."""
+    stop = asyncio.Event()
+    gateway = Gateway(settings)
+    task = asyncio.create_task(gateway.run(stop))
+    try:
+        yield gateway
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def write_toml(path: Path, settings: Settings) -> Path:
+    """The settings as a TOML file, for a gateway run as a real process."""
+    k, r, d = settings.kafka, settings.redis, settings.dedup
+    lines = [
+        "[kafka]",
+        f'bootstrap_servers = "{k.bootstrap_servers}"',
+        f"raw_topics = {k.raw_topics!r}".replace("'", '"'),
+        f'clean_topic = "{k.clean_topic}"',
+        f'failure_topic = "{k.failure_topic}"',
+        f'quarantine_topic = "{k.quarantine_topic}"',
+        f'dead_letter_topic = "{k.dead_letter_topic}"',
+        f'group_id = "{k.group_id}"',
+        f"max_batch_records = {k.max_batch_records}",
+        "[redis]",
+        "nodes = [" + ", ".join(f'"{n}"' for n in r.nodes) + "]",
+        f'timeout = "{int(r.timeout.total_seconds() * 1000)}ms"',
+        "[dedup]",
+        f'id = "{d.id}"',
+        f'on_no_quorum = "{d.on_no_quorum}"',
+        "[metrics]",
+        'host = "127.0.0.1"',
+        "port = 0",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_process(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`python -m gateway run --config FILE` as a child process."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+
+def ids_of(records: list[ConsumerRecord[bytes, bytes]]) -> Counter[str]:
+    return Counter(dict(r.headers)["dedup-id"].decode() for r in records)
+
+
+async def clean_ids(bootstrap: str, topic: str) -> Counter[str]:
+    return ids_of(await read_topic(bootstrap, topic))

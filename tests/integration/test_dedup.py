@@ -1,0 +1,48 @@
+"""Exact dedup through real Redis instances and a real broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.topics import read_topic, wait_committed
+from gateway.traffic import produce_traffic
+from tests.conftest import redis_urls
+from tests.integration.gateway_harness import Topics, ids_of, make_settings, running
+
+
+@pytest.mark.parametrize("instances", [1, 3, 5])
+async def test_each_id_forwarded_exactly_once_with_30pct_duplicates_across_partitions(
+    broker, redis_servers, names, instances
+):
+    topics = Topics(names)
+    await topics.create(broker)
+    traffic = await produce_traffic(broker, topics.raw, 6000, duplicate_share=0.3)
+    assert traffic.duplicates > 1500  # the generator really produced duplicates
+    settings = make_settings(broker, topics, redis_urls(redis_servers(instances)))
+    async with running(settings) as gateway:
+        await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
+        metrics = gateway.metrics
+    clean = await read_topic(broker, topics.clean)
+    ids = ids_of(clean)
+    assert set(ids) == traffic.unique_ids
+    assert max(ids.values()) == 1
+    assert metrics.duplicates._value.get() == traffic.duplicates
+    assert metrics.forwarded._value.get() == len(traffic.unique_ids)
+
+
+async def test_clean_record_keeps_raw_fields_and_gains_dedup_headers(broker, redis_servers, names):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    traffic = await produce_traffic(broker, topics.raw, 5, duplicate_share=0.0)
+    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
+    async with running(settings):
+        await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
+    raw = {r.offset: r for r in await read_topic(broker, topics.raw)}
+    for rec in await read_topic(broker, topics.clean):
+        headers = dict(rec.headers)
+        source_topic, partition, offset = headers["dedup-source"].decode().rsplit("/", 2)
+        original = raw[int(offset)]
+        assert (source_topic, int(partition)) == (topics.raw, 0)
+        assert (rec.key, rec.value, rec.timestamp) == (original.key, original.value, original.timestamp)
+        assert headers["message-id"] == headers["dedup-id"] == dict(original.headers)["message-id"]
+        assert headers["dedup-token"].decode().isdigit()
