@@ -1,0 +1,68 @@
+"""Properties of the majority vote, over every reply pattern hypothesis finds."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.vote import MINE, Outcome, decide
+
+N = st.sampled_from([1, 3, 5, 7])
+TOKENS = st.sampled_from(["11", "22", "333", "4"])
+
+
+@st.composite
+def marks(draw):
+    """The mark each instance holds (an owner token, or None when down), for N instances."""
+    n = draw(N)
+    return [draw(st.one_of(st.none(), TOKENS)) for _ in range(n)]
+
+
+def replies_of(own, held):
+    return [None if h is None else MINE if h == own else h for h in held]
+
+
+@given(marks())
+def test_at_most_one_copy_is_forwarded_for_any_marks(held):
+    """Whatever the instances hold, at most one of the competing owners is forwarded."""
+    n = len(held)
+    forwarded = [
+        own for own in ["11", "22", "333", "4"]
+        if decide(own, replies_of(own, held), n // 2 + 1).outcome is Outcome.FORWARD
+    ]  # fmt: skip
+    assert len(forwarded) <= 1
+
+
+@given(marks())
+def test_with_every_instance_answering_exactly_one_owner_is_forwarded(held):
+    held = [h if h is not None else "11" for h in held]
+    n = len(held)
+    outcomes = {own: decide(own, replies_of(own, held), n // 2 + 1).outcome for own in set(held)}
+    assert list(outcomes.values()).count(Outcome.FORWARD) == 1
+    assert Outcome.UNDECIDED not in outcomes.values()
+
+
+@given(N, st.data())
+def test_majority_for_own_mark_forwards_and_majority_for_other_is_duplicate(n, data):
+    m = n // 2 + 1
+    down = data.draw(st.integers(0, n - m))
+    own_replies = [MINE] * (n - down) + [None] * down
+    assert decide("11", own_replies, m).outcome is Outcome.FORWARD
+    other_replies = ["22"] * (n - down) + [None] * down
+    decision = decide("11", other_replies, m)
+    assert (decision.outcome, decision.winner) == (Outcome.DUPLICATE, "22")
+
+
+@given(N, st.data())
+def test_too_few_answers_without_a_majority_is_undecided(n, data):
+    m = n // 2 + 1
+    answered = data.draw(st.integers(0, m - 1))
+    replies = [MINE] * answered + [None] * (n - answered)
+    assert decide("11", replies, m).outcome is Outcome.UNDECIDED
+
+
+def test_three_way_split_with_all_answering_goes_to_the_smallest_token():
+    held = ["22", "11", "333"]
+    assert decide("11", replies_of("11", held), 2).outcome is Outcome.FORWARD
+    assert decide("22", replies_of("22", held), 2).outcome is Outcome.DUPLICATE
+    assert decide("333", replies_of("333", held), 2).winner == "11"

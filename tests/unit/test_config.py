@@ -1,0 +1,63 @@
+"""A bad setting stops start-up with one line naming it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.config import ConfigError, load_settings, redacted
+
+BAD = [
+    ({"redis": {"nodes": ["redis://a:1/0", "redis://b:1/0"]}}, "redis.nodes", "odd number"),
+    ({"dedup": {"id": "uuid"}}, "dedup.id", "unknown id strategy"),
+    ({"redis": {"ttl": "forever"}}, "redis.ttl", "duration"),
+    ({"redis": {"ttl": "0s"}}, "redis.ttl", "between 1s"),
+    ({"redis": {"nodes": ["http://a:1"]}}, "redis.nodes.0", "scheme"),
+    ({"redis": {"nodes": ["redis://h:notaport/0"]}}, "redis.nodes.0", "port"),
+    ({"kafka": {"bootstrap_servers": "nohostport"}}, "kafka.bootstrap_servers", "host:port"),
+    ({"dedup": {"on_no_quorum": "maybe"}}, "dedup.on_no_quorum", "block"),
+    ({"kafka": {"raw_topic": "x"}}, "kafka.raw_topic", "Extra inputs"),
+]
+
+
+@pytest.mark.parametrize(("sections", "setting", "hint"), BAD)
+def test_invalid_setting_is_rejected_with_its_name(sections, setting, hint):
+    with pytest.raises(ConfigError) as err:
+        load_settings(**sections)
+    assert f"invalid setting {setting}:" in str(err.value)
+    assert hint in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_toml_file_then_environment_override(tmp_path: Path, monkeypatch):
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        '[kafka]\nraw_topics = ["orders"]\n[redis]\nnodes = ["redis://h1:7000/0"]\nttl = "12h"\n'
+    )
+    monkeypatch.setenv("GATEWAY_REDIS__TTL", "90m")
+    settings = load_settings(path)
+    assert settings.kafka.raw_topics == ["orders"]
+    assert settings.redis.ttl == timedelta(minutes=90)
+    assert settings.quorum == 1
+
+
+def test_cli_prints_one_line_and_exits_2_on_bad_config(tmp_path: Path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text('[redis]\nnodes = ["redis://a:1", "redis://b:2"]\n')
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dedup-gateway: invalid setting redis.nodes:")
+    assert "\n" not in err
+
+
+def test_missing_config_file_is_named(tmp_path: Path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml")
+
+
+def test_redis_password_never_appears_in_the_loggable_name():
+    settings = load_settings(redis={"nodes": ["redis://user:s3cret@db:6380/2"]})
+    assert redacted(settings.redis.nodes[0]) == "db:6380/2"
