@@ -66,6 +66,11 @@ class ManagedProcess:
         wait_for_port(self.port, self.proc, self.name)
 
     @property
+    def name_label(self) -> str:
+        """How the gateway names this server in logs and metric labels."""
+        return f"127.0.0.1:{self.port}/0"
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -99,17 +104,17 @@ class ManagedProcess:
 
 
 def redis_server(
-    state_dir: Path, name: str, port: int | None = None, password: str = ""
+    state_dir: Path, name: str, port: int | None = None, password: str = "", aof: bool = False
 ) -> ManagedProcess:
-    """A redis-server on 127.0.0.1 that keeps nothing on disk (restart = empty)."""
+    """A redis-server on 127.0.0.1; restart = empty unless `aof` (fsync always)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise LocalStackError("redis-server is not installed (run `make setup`)")
     port = port or free_port()
     work = state_dir / name
     work.mkdir(parents=True, exist_ok=True)
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(work)]  # fmt: skip
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(work),
+            "--appendonly", "yes" if aof else "no", "--appendfsync", "always"]  # fmt: skip
     if password:
         argv += ["--requirepass", password]
     return ManagedProcess(name, port, argv, work / "redis.log")

@@ -32,8 +32,8 @@ def redis_servers(tmp_path: Path) -> Iterator[RedisFactory]:
     """Start `n` fresh redis-server processes; all are stopped after the test."""
     started: list[ManagedProcess] = []
 
-    def start(n: int, password: str = "") -> list[ManagedProcess]:
-        servers = [redis_server(tmp_path, f"redis-{len(started) + i}", password=password)
+    def start(n: int, password: str = "", aof: bool = False) -> list[ManagedProcess]:
+        servers = [redis_server(tmp_path, f"redis-{len(started) + i}", password=password, aof=aof)
                    for i in range(n)]  # fmt: skip
         for server in servers:
             server.start()

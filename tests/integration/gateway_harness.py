@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from aiokafka import ConsumerRecord
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from gateway.app import Gateway
 from gateway.config import Settings, load_settings
@@ -29,7 +29,9 @@ class Topics:
         self.dead = names("dead")
         self.group = names("group")
 
-    async def create(self, bootstrap: str, raw_partitions: int = 4, clean_partitions: int = 4) -> None:
+    async def create(
+        self, bootstrap: str, raw_partitions: int = 4, clean_partitions: int = 4
+    ) -> None:
         await create_topics(
             bootstrap,
             {self.raw: raw_partitions, self.clean: clean_partitions, self.failures: 2,
@@ -109,3 +111,25 @@ def ids_of(records: list[ConsumerRecord[bytes, bytes]]) -> Counter[str]:
 
 async def clean_ids(bootstrap: str, topic: str) -> Counter[str]:
     return ids_of(await read_topic(bootstrap, topic))
+
+
+async def produce(
+    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+    partition: int = 0,
+) -> None:  # fmt: skip
+    """Produce (key, value, headers) records to one partition, in order."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, value, headers in records:
+            await producer.send_and_wait(
+                topic, value, key=key, partition=partition, headers=headers
+            )
+    finally:
+        await producer.stop()
+
+
+def counter_value(counter: Any, *labels: str) -> float:
+    """Current value of a prometheus_client counter (child by labels)."""
+    child = counter.labels(*labels) if labels else counter
+    return float(child._value.get())

@@ -43,6 +43,10 @@ async def test_clean_record_keeps_raw_fields_and_gains_dedup_headers(broker, red
         source_topic, partition, offset = headers["dedup-source"].decode().rsplit("/", 2)
         original = raw[int(offset)]
         assert (source_topic, int(partition)) == (topics.raw, 0)
-        assert (rec.key, rec.value, rec.timestamp) == (original.key, original.value, original.timestamp)
+        assert (rec.key, rec.value, rec.timestamp) == (
+            original.key,
+            original.value,
+            original.timestamp,
+        )
         assert headers["message-id"] == headers["dedup-id"] == dict(original.headers)["message-id"]
         assert headers["dedup-token"].decode().isdigit()

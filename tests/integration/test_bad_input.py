@@ -1,0 +1,85 @@
+"""Bad input: set aside with its reason, never lost, never a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from gateway.topics import read_topic, wait_committed
+from tests.conftest import redis_urls
+from tests.integration.gateway_harness import (
+    Topics, clean_ids, counter_value, make_settings, produce, running,
+)  # fmt: skip
+
+GOOD = (b"k", b'{"order": {"id": "o-1"}}', [("message-id", b"m-1")])
+
+
+@pytest.mark.parametrize(
+    ("id_spec", "bad", "reason"),
+    [
+        ("header:message-id", (b"k", b"v", []), "missing_header"),
+        ("header:message-id", (b"k", b"v", [("message-id", b"")]), "empty_id"),
+        ("header:message-id", (b"k", b"v", [("message-id", b"x" * 2000)]), "oversize_id"),
+        ("key", (None, b"v", []), "missing_key"),
+        ("json:order.id", (b"k", b"not json", []), "not_json"),
+        ("json:order.id", (b"k", b'{"order": {"no_id": 1}}', []), "missing_field"),
+    ],
+)
+async def test_bad_record_is_quarantined_with_reason_and_good_records_flow(
+    broker, redis_servers, names, id_spec, bad, reason
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1)
+    await produce(broker, topics.raw, [bad, GOOD, bad])
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(1)), dedup={"id": id_spec, "max_id_bytes": 1024}
+    )
+    async with running(settings) as gateway:
+        await wait_committed(broker, topics.group, topics.raw, {0: 3})
+        assert counter_value(gateway.metrics.quarantined, reason) == 2
+    quarantined = await read_topic(broker, topics.quarantine)
+    assert [r.offset for r in quarantined] == [0, 1]
+    for rec in quarantined:
+        headers = dict(rec.headers)
+        assert headers["dedup-error"].decode().startswith(f"{reason}:")
+        assert headers["dedup-source"].decode().rsplit("/", 2)[1:] in (["0", "0"], ["0", "2"])
+        assert (rec.key, rec.value) == (bad[0], bad[1])  # the record itself is kept
+    assert len(await clean_ids(broker, topics.clean)) == 1
+
+
+async def test_gateway_waits_for_a_redis_majority_and_names_unreachable_instances(
+    broker, redis_servers, names, caplog
+):
+    caplog.set_level(logging.INFO)
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1)
+    await produce(broker, topics.raw, [GOOD])
+    servers = redis_servers(3)
+    for server in servers[1:]:
+        server.stop()
+    settings = make_settings(broker, topics, redis_urls(servers))
+    async with running(settings) as gateway:
+        while "waiting for a Redis majority" not in caplog.text:
+            await asyncio.sleep(0.02)
+        assert gateway.consumer is None  # not consuming without a majority
+        assert not gateway.readiness()[0]
+        for server in servers[1:]:
+            assert f"127.0.0.1:{server.port}/0" in caplog.text
+        servers[1].start()  # a majority again: it starts serving
+        await wait_committed(broker, topics.group, topics.raw, {0: 1})
+    assert set(await clean_ids(broker, topics.clean)) == {"m-1"}
+
+
+async def test_redis_password_is_used_and_never_logged(broker, redis_servers, names, caplog):
+    caplog.set_level(logging.DEBUG)
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1)
+    await produce(broker, topics.raw, [GOOD])
+    servers = redis_servers(3, password="s3cret-pw")
+    urls = [f"redis://:s3cret-pw@127.0.0.1:{s.port}/0" for s in servers]
+    async with running(make_settings(broker, topics, urls)):
+        await wait_committed(broker, topics.group, topics.raw, {0: 1})
+    assert "s3cret-pw" not in caplog.text
+    assert "starting: raw=" in caplog.text
