@@ -113,10 +113,10 @@ async def clean_ids(bootstrap: str, topic: str) -> Counter[str]:
     return ids_of(await read_topic(bootstrap, topic))
 
 
-async def produce(
-    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
-    partition: int = 0,
-) -> None:  # fmt: skip
+RawTuple = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
+
+
+async def produce(bootstrap: str, topic: str, records: list[RawTuple], partition: int = 0) -> None:
     """Produce (key, value, headers) records to one partition, in order."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
@@ -133,3 +133,12 @@ def counter_value(counter: Any, *labels: str) -> float:
     """Current value of a prometheus_client counter (child by labels)."""
     child = counter.labels(*labels) if labels else counter
     return float(child._value.get())
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 30, what: str = "") -> None:
+    """Poll `condition` until it holds; fail the test after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not within {timeout_s}s: {what or condition}")
+        await asyncio.sleep(0.02)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -10,7 +9,13 @@ import pytest
 from gateway.topics import read_topic, wait_committed
 from tests.conftest import redis_urls
 from tests.integration.gateway_harness import (
-    Topics, clean_ids, counter_value, make_settings, produce, running,
+    Topics,
+    clean_ids,
+    counter_value,
+    eventually,
+    make_settings,
+    produce,
+    running,
 )  # fmt: skip
 
 GOOD = (b"k", b'{"order": {"id": "o-1"}}', [("message-id", b"m-1")])
@@ -61,8 +66,7 @@ async def test_gateway_waits_for_a_redis_majority_and_names_unreachable_instance
         server.stop()
     settings = make_settings(broker, topics, redis_urls(servers))
     async with running(settings) as gateway:
-        while "waiting for a Redis majority" not in caplog.text:
-            await asyncio.sleep(0.02)
+        await eventually(lambda: "waiting for a Redis majority" in caplog.text)
         assert gateway.consumer is None  # not consuming without a majority
         assert not gateway.readiness()[0]
         for server in servers[1:]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from gateway.topics import wait_committed
 from gateway.traffic import produce_traffic
 from tests.conftest import redis_urls
@@ -11,6 +9,7 @@ from tests.integration.gateway_harness import (
     Topics,
     clean_ids,
     counter_value,
+    eventually,
     make_settings,
     running,
 )
@@ -93,8 +92,7 @@ async def test_majority_down_stops_progress_then_resumes_without_loss_or_duplica
         second = await produce_traffic(
             broker, topics.raw, 1000, duplicate_share=0.3, seed=3, id_prefix="m"
         )
-        while gateway.metrics.partitions_blocked._value.get() < 1:
-            await asyncio.sleep(0.02)
+        await eventually(lambda: gateway.metrics.partitions_blocked._value.get() >= 1)
         ready, why = gateway.readiness()
         assert not ready and ("majority" in why or "blocked" in why)
         assert counter_value(gateway.metrics.forwarded) == forwarded_before
