@@ -123,6 +123,8 @@ class Gateway:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=4 * 1024 * 1024,
+                session_timeout_ms=int(kafka.session_timeout.total_seconds() * 1000),
+                heartbeat_interval_ms=int(kafka.session_timeout.total_seconds() * 1000 / 3),
             )
             await consumer.start()
             stack.push_async_callback(consumer.stop)

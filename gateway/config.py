@@ -64,6 +64,9 @@ class KafkaSettings(_Section):
     group_id: str = "dedup-gateway"
     # Most records fetched and voted on in one batch (one script call per instance).
     max_batch_records: int = Field(default=2000, ge=1, le=100_000)
+    # A member silent this long (e.g. killed) is dropped from the group and its
+    # partitions move on; heartbeats go every third of it.
+    session_timeout: Duration = timedelta(seconds=10)
     # Passed through to aiokafka; see the README's security section.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

@@ -82,6 +82,7 @@ def write_toml(path: Path, settings: Settings) -> Path:
         f'dead_letter_topic = "{k.dead_letter_topic}"',
         f'group_id = "{k.group_id}"',
         f"max_batch_records = {k.max_batch_records}",
+        f'session_timeout = "{int(k.session_timeout.total_seconds() * 1000)}ms"',
         "[redis]",
         "nodes = [" + ", ".join(f'"{n}"' for n in r.nodes) + "]",
         f'timeout = "{int(r.timeout.total_seconds() * 1000)}ms"',
