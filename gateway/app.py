@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CommitFailedError
 
 from gateway.config import KafkaSettings, Settings, redacted
+from gateway.failures import FailureLoop, RawFetcher
 from gateway.health import HealthServer
 from gateway.metrics import Metrics
 from gateway.pipeline import BatchResult, Pipeline
@@ -131,7 +132,25 @@ class Gateway:
             consumer.subscribe(kafka.raw_topics, listener=_Rebalance(self))
             self.consumer = consumer
             pipeline = Pipeline(self.settings, self.quorum, Sink(producer), self.metrics)
-            await self._loop(consumer, pipeline, stop)
+
+            failures = FailureLoop(self.settings, self.quorum, producer, self.metrics)
+            commands = AIOKafkaConsumer(
+                **kafka_client_options(kafka),
+                group_id=f"{kafka.group_id}.failures",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+            )
+            await commands.start()
+            stack.push_async_callback(commands.stop)
+            commands.subscribe([kafka.failure_topic], listener=_ForgetRevoked(failures))
+            raw_reader = AIOKafkaConsumer(
+                **kafka_client_options(kafka), enable_auto_commit=False, auto_offset_reset="none"
+            )
+            await raw_reader.start()
+            stack.push_async_callback(raw_reader.stop)
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._loop(consumer, pipeline, stop))
+                tasks.create_task(failures.run(commands, RawFetcher(raw_reader), stop))
         logger.info("stopped after %d batches", self.batches)
 
     async def _loop(
@@ -230,3 +249,16 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         logger.info("partitions assigned: %s", sorted(map(str, assigned)))
+
+
+class _ForgetRevoked(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Failure-topic partitions that move: drop their scheduled effects here."""
+
+    def __init__(self, failures: FailureLoop) -> None:
+        self.failures = failures
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.failures.forget(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        pass

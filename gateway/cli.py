@@ -65,6 +65,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    from gateway import operator_commands as commands
+
+    settings = _settings(args)
+    if args.command == "inspect":
+        return uvloop.run(commands.inspect(settings, args.id))
+    if args.command == "release":
+        return uvloop.run(commands.release(settings, args.id, args.token))
+    return uvloop.run(commands.redrive(settings, args.limit))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dedup-gateway", description="Crash-safe quorum dedup gateway between Kafka topics."
@@ -74,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the gateway service")
     run.add_argument("--config", type=Path, help="TOML settings file (env GATEWAY_* overrides)")
     run.set_defaults(func=cmd_run)
+
+    inspect = sub.add_parser("inspect", help="show an id's mark on every Redis instance")
+    inspect.add_argument("id", help="the message id")
+    release = sub.add_parser("release", help="release an id's mark by hand")
+    release.add_argument("id", help="the message id")
+    release.add_argument("--token", help="only where the mark holds this dedup-token")
+    redrive = sub.add_parser("redrive", help="re-inject dead-lettered records into raw")
+    redrive.add_argument("--limit", type=int, help="at most this many records")
+    for operator_cmd in (inspect, release, redrive):
+        operator_cmd.add_argument("--config", type=Path, help="the gateway's TOML settings file")
+        operator_cmd.set_defaults(func=cmd_operator)
 
     demo = sub.add_parser("demo", help="the whole pipeline on an embedded local stack")
     demo.add_argument("--records", type=int, default=200_000, help="raw records to generate")

@@ -27,6 +27,16 @@ def owner_token(topic: str, partition: int, offset: int, attempt: int = 1) -> st
     return str(int.from_bytes(blake2b(source, digest_size=8).digest(), "big") >> 1)
 
 
+def dead_token(topic: str, partition: int, offset: int) -> str:
+    """The owner a dead-lettered record's mark is handed to (attempt 0 is never used)."""
+    return owner_token(topic, partition, offset, attempt=0)
+
+
+def handover_key(mark: bytes) -> bytes:
+    """Side key naming the failure command that last handed `mark` over."""
+    return mark + b":h"
+
+
 def source_ref(topic: str, partition: int, offset: int) -> str:
     """The `dedup-source` header value."""
     return f"{topic}/{partition}/{offset}"

@@ -43,6 +43,8 @@ class Instance:
     claim: Any  # redis-py Script objects: EVALSHA with a reload on NOSCRIPT
     repair: Any
     release: Any
+    handover: Any
+    mark_done: Any
     up: bool = False
 
 
@@ -72,6 +74,8 @@ class Quorum:
                     claim=client.register_script(scripts.CLAIM),
                     repair=client.register_script(scripts.REPAIR),
                     release=client.register_script(scripts.RELEASE),
+                    handover=client.register_script(scripts.HANDOVER),
+                    mark_done=client.register_script(scripts.MARK_DONE),
                 )
             )
         metrics.quorum_size.set(self.majority)
@@ -128,6 +132,30 @@ class Quorum:
             "release", lambda inst: inst.release(keys=keys, args=list(tokens))
         )
         return [None if r is None else [int(x) for x in r] for r in results]
+
+    async def handover(
+        self, marks: Sequence[tuple[bytes, bytes, str, str, str]]
+    ) -> list[list[int] | None]:
+        """(mark key, handover key, failed token, next token, command ref) per command.
+
+        Per instance, per command: 1 handed over now, 2 replay of the same
+        command (redo), 3 another copy of the command, 4 already done, 0 stale;
+        None for no answer.
+        """
+        keys = [k for mark, by, *_ in marks for k in (mark, by)]
+        args = [self.ttl_ms, *(v for *_, failed, nxt, ref in marks for v in (failed, nxt, ref))]
+        results = await self._on_all("handover", lambda inst: inst.handover(keys=keys, args=args))
+        return [None if r is None else [int(x) for x in r] for r in results]
+
+    async def mark_done(self, handover_keys: Sequence[bytes], refs: Sequence[str]) -> None:
+        """Note that these commands' effects are acknowledged (see scripts.MARK_DONE)."""
+        await self._on_all(
+            "mark_done", lambda inst: inst.mark_done(keys=handover_keys, args=list(refs))
+        )
+
+    async def delete(self, key: bytes) -> list[int | None]:
+        """Unconditional delete on every instance (operator release); None for no answer."""
+        return await self._on_all("delete", lambda inst: inst.client.delete(key))
 
     async def inspect(self, key: bytes) -> list[tuple[str, str | None, int] | None]:
         """Per instance: (name, owner or None, TTL ms; -2 when absent), or None if down."""

@@ -54,3 +54,47 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
+
+# Hand a mark from a failed attempt's token to the next attempt's (retry) or
+# to the dead-letter token, atomically, and note which command delivery did it
+# in a side key, so a crash replay of that delivery (same failure-topic
+# offset) redoes its effect while another copy of the command does nothing.
+# A mark that expired or was lost is claimed for the next attempt: nobody
+# else holds the id.
+# KEYS[2i-1]: mark key; KEYS[2i]: its handover key; ARGV[1]: TTL in ms;
+# ARGV[3i-1]: failed token; ARGV[3i]: next token; ARGV[3i+1]: command ref.
+# Reply per mark: 1 handed over now, 2 handed over by this same command
+# before but its effect not yet done (a replay: redo it), 3 handed over by
+# another copy of the command, 4 this command's effect is done, 0 held by
+# another owner (a stale command).
+HANDOVER = """
+local ttl = ARGV[1]
+local out = {}
+for i = 1, #KEYS / 2 do
+  local mark, by = KEYS[2 * i - 1], KEYS[2 * i]
+  local failed, nxt, ref = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  local held = redis.call('GET', mark)
+  if held == nxt then
+    local last = redis.call('GET', by)
+    if last == ref then out[i] = 2 elseif last == ref .. '!done' then out[i] = 4 else out[i] = 3 end
+  elseif held == failed or held == false then
+    redis.call('SET', mark, nxt, 'PX', ttl)
+    redis.call('SET', by, ref, 'PX', ttl)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# After a command's effect is acknowledged, note it on its handover key, so a
+# replay of that command finds it done. KEYS[i]: handover key; ARGV[i]: command ref.
+MARK_DONE = """
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i] then
+    redis.call('SET', key, ARGV[i] .. '!done', 'XX', 'KEEPTTL')
+  end
+end
+return #KEYS
+"""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -143,3 +144,18 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 30, what:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"not within {timeout_s}s: {what or condition}")
         await asyncio.sleep(0.02)
+
+
+def failure_command(clean: ConsumerRecord[bytes, bytes], reason: str) -> RawTuple:
+    """The release command the Spark job sends for a clean record that failed."""
+    headers = dict(clean.headers)
+    topic, partition, offset = headers["dedup-source"].decode().rsplit("/", 2)
+    body = {
+        "id": headers["dedup-id"].decode(),
+        "token": headers["dedup-token"].decode(),
+        "reason": reason,
+        "source": {"topic": topic, "partition": int(partition), "offset": int(offset)},
+        "attempt": int(headers.get("dedup-attempt", b"1")),
+        "reasons": json.loads(headers.get("dedup-reasons", b"[]")),
+    }
+    return headers["dedup-id"], json.dumps(body).encode(), []
