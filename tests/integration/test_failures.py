@@ -152,6 +152,7 @@ async def test_bad_commands_are_counted_and_skipped_and_the_loop_goes_on(broker,
         await produce(broker, topics.failures, [(b"k", v, []) for v in bad])
         await produce(broker, topics.failures, [failure_command(first, "boom")])
         await eventually(lambda: counter_value(m.retries, "2") == 1)
-        for reason, n in [("not_json", 1), ("not_object", 1), ("missing_field", 1),
-                          ("bad_field", 2), ("id_mismatch", 1), ("raw_record_gone", 1)]:  # fmt: skip
+        expected = {"not_json": 1, "not_object": 1, "missing_field": 1, "bad_field": 2,
+                    "id_mismatch": 1, "raw_record_gone": 1}  # fmt: skip
+        for reason, n in expected.items():
             assert counter_value(m.invalid_commands, reason) == n, reason

@@ -1,0 +1,62 @@
+"""The gateway killed while it handles failure commands: no retry lost, and a
+retry repeated only if the kill fell between its acknowledgement and the
+Redis note that it was done (one round trip)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections import Counter
+from pathlib import Path
+
+from gateway.topics import read_topic, wait_committed
+from gateway.traffic import produce_traffic
+from tests.conftest import redis_urls
+from tests.integration.gateway_harness import (
+    Topics,
+    failure_command,
+    make_settings,
+    produce,
+    start_process,
+    write_toml,
+)
+
+IDS = 400
+KILLS = 3
+
+
+async def test_kill_during_commands_loses_no_retry(broker, redis_servers, names, tmp_path: Path):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=2, clean_partitions=2)
+    traffic = await produce_traffic(broker, topics.raw, IDS, duplicate_share=0.0)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        kafka={"session_timeout": "2s"}, failures={"backoff_initial": "1ms", "backoff_max": "5ms"},
+    )  # fmt: skip
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    log = tmp_path / "gateway.log"
+    proc = start_process(config, log)
+    try:
+        await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
+        clean = await read_topic(broker, topics.clean, min_records=IDS)
+        await produce(broker, topics.failures, [failure_command(r, "boom") for r in clean])
+        rng = random.Random(3)
+        seen = IDS
+        for _ in range(KILLS):
+            # This incarnation is retrying (new clean records appear): kill it at a random moment.
+            seen = len(await read_topic(broker, topics.clean, min_records=seen + 1, timeout_s=60))
+            assert seen < 2 * IDS, "retries finished before the kill: make the stream longer"
+            await asyncio.sleep(rng.uniform(0.0, 0.2))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc = start_process(config, log)
+        retries = await read_topic(broker, topics.clean, min_records=2 * IDS, timeout_s=120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    second = Counter(
+        dict(r.headers)["dedup-id"] for r in retries if dict(r.headers).get("dedup-attempt") == b"2"
+    )
+    assert len(second) == IDS  # every failed record was retried: none lost
+    assert sum(second.values()) - IDS <= KILLS  # at most one repeat per kill
