@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, OffsetOutOfRangeError
@@ -44,7 +45,7 @@ from gateway.sink import OutRecord, Sink
 
 logger = logging.getLogger(__name__)
 
-Record = ConsumerRecord[bytes, bytes]
+Record: TypeAlias = ConsumerRecord[bytes, bytes]
 H_REASON, H_REASONS = "dedup-reason", "dedup-reasons"
 KEEP_REASONS = 5  # reasons carried on retried and dead-lettered records
 MAX_PENDING = 10_000  # scheduled retries held in memory before fetching pauses
@@ -215,8 +216,9 @@ class FailureLoop:
                 logger.info("stale release for %s (%s): token no longer holds", cmd.id, cmd.ref)
             else:
                 self.metrics.releases.labels("no_quorum").inc()
-                self.next_offset[tp] = rec.offset
-                return rec.offset
+                rewind: int = rec.offset
+                self.next_offset[tp] = rewind
+                return rewind
         return None
 
     async def _hand_over(
@@ -248,8 +250,9 @@ class FailureLoop:
                 logger.info("stale or repeated command for %s (%s): skipped", cmd.id, cmd.ref)
             else:
                 self.metrics.releases.labels("no_quorum").inc()
-                self.next_offset[tp] = rec.offset
-                return rec.offset
+                rewind: int = rec.offset
+                self.next_offset[tp] = rewind
+                return rewind
         return None
 
     def _backoff(self, attempt: int) -> float:

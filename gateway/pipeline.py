@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiokafka import ConsumerRecord, TopicPartition
 
@@ -27,7 +27,7 @@ from gateway.vote import MINE, Outcome, Reply, decide
 
 logger = logging.getLogger(__name__)
 
-Record = ConsumerRecord[bytes, bytes]
+Record: TypeAlias = ConsumerRecord[bytes, bytes]
 H_ID, H_SOURCE, H_TOKEN, H_ATTEMPT = "dedup-id", "dedup-source", "dedup-token", "dedup-attempt"
 H_UNCERTAIN, H_ERROR = "dedup-uncertain", "dedup-error"
 
@@ -99,8 +99,8 @@ class Pipeline:
         for tp, records in batch.items():
             next_offset = None
             for rec in records:
-                if (exc := bad.get(id(rec))) is not None:
-                    quarantine.append(self._quarantined(rec, exc))
+                if (problem := bad.get(id(rec))) is not None:
+                    quarantine.append(self._quarantined(rec, problem))
                     result.quarantined += 1
                 else:
                     claim, outcome = by_record[id(rec)]

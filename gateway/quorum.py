@@ -161,9 +161,10 @@ class Quorum:
         """Per instance: (name, owner or None, TTL ms; -2 when absent), or None if down."""
 
         async def call(inst: Instance) -> tuple[str, str | None, int]:
-            async with inst.client.pipeline(transaction=False) as pipe:
-                owner, ttl = await pipe.get(key).pttl(key).execute()
-            return inst.name, owner.decode() if owner is not None else None, int(ttl)
+            owner = await inst.client.get(key)
+            ttl = await inst.client.pttl(key)
+            held = owner.decode() if isinstance(owner, bytes) else owner
+            return inst.name, held, int(ttl)
 
         return await self._on_all("inspect", call)
 

@@ -38,7 +38,7 @@ class Decision:
 
 def decide(own: str, replies: Sequence[Reply], quorum: int) -> Decision:
     """Decide one record from its per-instance replies (see module docstring)."""
-    owners = Counter(own if reply == MINE else reply for reply in replies if reply is not None)
+    owners = Counter(own if reply == MINE else str(reply) for reply in replies if reply is not None)
     if not owners:
         return Decision(Outcome.UNDECIDED, None)
     # Most marks first; among equals, the smallest token (a rule every gateway shares).
