@@ -140,8 +140,8 @@ class Pipeline:
         quorum = self.quorum.majority
         outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
-        for j, claim in enumerate(claims):
-            row: list[Reply] = [per_instance[j] for per_instance in replies]
+        rows: list[tuple[Reply, ...]] = list(zip(*replies, strict=True))
+        for claim, row in zip(claims, rows, strict=True):
             decision = decide(claim.owner, row, quorum)
             outcomes.append(decision.outcome)
             if decision.winner is None:

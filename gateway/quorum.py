@@ -101,9 +101,14 @@ class Quorum:
                 await asyncio.wait_for(stop.wait(), retry_s)
 
     async def claim(self, keys: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
-        """Per instance, the reply for each key (all `None` for an instance that failed)."""
-        args = [self.ttl_ms, *owners]
-        results = await self._on_all("claim", lambda inst: inst.claim(keys=keys, args=args))
+        """Per instance, the reply for each key (all `None` for an instance that failed).
+
+        Every key must have the same length (they do: prefix + fixed digest).
+        """
+        if not keys:
+            return [[] for _ in self.instances]
+        args = [self.ttl_ms, len(keys[0]), b"".join(keys), ",".join(owners) + ","]
+        results = await self._on_all("claim", lambda inst: inst.claim(keys=[], args=args))
         return [
             [r if isinstance(r, int) else r.decode() for r in result]
             if result is not None
