@@ -1,0 +1,112 @@
+"""The one SparkSession a pytest run shares (starting one costs ~10 s), plus
+helpers to produce records shaped as the gateway writes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from pyspark.sql import SparkSession
+
+# pyspark warns about versions it was not built against; nothing to fix on our side.
+SPARK_WARNING_FILTERS = ("ignore:PySpark does not yet fully support pandas:FutureWarning",)
+
+
+def add_spark_warning_filters(config: pytest.Config) -> None:
+    for spec in SPARK_WARNING_FILTERS:
+        config.addinivalue_line("filterwarnings", spec)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """local[2], two shuffle partitions (= two state stores per stateful batch), no UI."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark-sink-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.minBatchesToRetain", "5")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass(frozen=True)
+class Clean:
+    """One clean-topic record as the gateway forwards it."""
+
+    id: str | None
+    value: bytes | None
+    partition: int = 0
+    token: str | None = None
+    source: str | None = None
+    attempt: int | None = None
+    key: bytes | None = None
+    extra_headers: tuple[tuple[str, bytes], ...] = ()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        headers = list(self.extra_headers)
+        if self.id is not None:
+            headers.append(("dedup-id", self.id.encode()))
+        if self.source is not None:
+            headers.append(("dedup-source", self.source.encode()))
+        if self.token is not None:
+            headers.append(("dedup-token", self.token.encode()))
+        if self.attempt is not None:
+            headers.append(("dedup-attempt", str(self.attempt).encode()))
+        return headers
+
+
+def order(
+    n: int,
+    *,
+    partitions: int = 1,
+    amount: Any = None,
+    customer: str | None = None,
+    attempt: int | None = None,
+    raw_offset: int | None = None,
+) -> Clean:
+    """Clean record for order `o-<n>` with a valid amount unless one is given."""
+    body = {"order_id": f"o-{n}", "customer": customer or f"c-{n % 3}", "amount": n + 0.5}
+    if amount is not None:
+        body["amount"] = amount
+    partition = n % partitions
+    return Clean(
+        id=f"o-{n}",
+        value=json.dumps(body).encode(),
+        partition=partition,
+        token=str(900_000 + n),
+        source=f"raw/{partition}/{raw_offset if raw_offset is not None else n}",
+        attempt=attempt,
+        key=f"o-{n}".encode(),
+    )
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[Clean]) -> int:
+    """Produce `records` in multi-record batches (the broker's tricky case); returns the count."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3})
+    errors: list[Any] = []
+    count = 0
+    for rec in records:
+        producer.produce(
+            topic,
+            key=rec.key,
+            value=rec.value,
+            partition=rec.partition,
+            headers=rec.headers(),
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+        count += 1
+    assert producer.flush(30) == 0
+    assert not errors, errors
+    return count

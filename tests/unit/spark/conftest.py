@@ -1,0 +1,13 @@
+"""Pure-transform tests run on the same shared SparkSession as the stream tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.spark.session import add_spark_warning_filters, spark
+
+__all__ = ["spark"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    add_spark_warning_filters(config)

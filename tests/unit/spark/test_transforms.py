@@ -1,0 +1,145 @@
+"""The pure transforms and the example handler, on small DataFrames without a stream."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from spark_sink.handlers import (
+    HandlerError,
+    check_result,
+    customer_totals,
+    failing_ids,
+    orders,
+    resolve_handler,
+)
+from spark_sink.kafka_source import SCHEMA
+from spark_sink.transforms import all_failed, parse_dedup_headers, release_commands, split_results
+
+pytestmark = pytest.mark.spark
+
+
+def kafka_rows(
+    spark: SparkSession, *records: tuple[bytes | None, list[tuple[str, bytes]]]
+) -> DataFrame:
+    """Kafka-shaped rows (the source schema) from (value, headers) pairs."""
+    when = datetime(2026, 1, 1)
+    rows = [
+        (None, value, "clean", 0, offset, when, 0, [{"key": k, "value": v} for k, v in headers])
+        for offset, (value, headers) in enumerate(records)
+    ]
+    return spark.createDataFrame(rows, SCHEMA)
+
+
+def gateway_headers(
+    n: int, attempt: bytes | None = None, topic: str = "raw"
+) -> list[tuple[str, bytes]]:
+    headers = [("dedup-id", f"o-{n}".encode()), ("dedup-source", f"{topic}/3/{1000 + n}".encode()),
+               ("dedup-token", f"{777 + n}".encode())]  # fmt: skip
+    if attempt is not None:
+        headers.append(("dedup-attempt", attempt))
+    return headers
+
+
+def order_value(n: int, **fields: object) -> bytes:
+    body: dict[str, object] = {"order_id": f"o-{n}", "customer": f"c-{n % 2}", "amount": 10.0 + n}
+    body.update(fields)
+    return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
+
+
+def test_dedup_headers_become_columns_and_missing_attempt_means_one(spark):
+    df = parse_dedup_headers(
+        kafka_rows(
+            spark,
+            (b"x", gateway_headers(1)),
+            (b"y", gateway_headers(2, attempt=b"3")),
+            (b"z", [("other", b"1")]),
+            (b"w", gateway_headers(4, attempt=b"garbage")),
+        )
+    )
+    got = [
+        tuple(r)
+        for r in df.select(*("dedup_id", "dedup_source", "dedup_token", "dedup_attempt")).collect()
+    ]
+    assert got == [
+        ("o-1", "raw/3/1001", "778", 1),
+        ("o-2", "raw/3/1002", "779", 3),
+        (None, None, None, 1),
+        ("o-4", "raw/3/1004", "781", 1),
+    ]
+
+
+def test_orders_handler_fails_invalid_amounts_with_a_reason(spark):
+    records = parse_dedup_headers(
+        kafka_rows(
+            spark,
+            (order_value(1), gateway_headers(1)),
+            (order_value(2, amount=-5), gateway_headers(2)),
+            (order_value(3, amount=None), gateway_headers(3)),
+            (order_value(4, amount="lots"), gateway_headers(4)),
+            (b"not json", gateway_headers(5)),
+            (order_value(6, customer=None), gateway_headers(6)),
+            (order_value(7, amount="12.5"), gateway_headers(7)),
+        )
+    )
+    result = orders(records)
+    check_result(result)
+    reasons = {r.dedup_id: r.reason for r in result.collect()}
+    assert reasons == {
+        "o-1": None,
+        "o-2": "negative amount: -5",
+        "o-3": "missing amount",
+        "o-4": "amount is not a number: lots",
+        "o-5": "value is not a JSON object",
+        "o-6": "missing customer",
+        "o-7": None,
+    }
+    ok, failed = split_results(result)
+    assert sorted(r.order_id for r in ok.collect()) == ["o-1", "o-7"]
+    assert "dedup_token" not in ok.columns and "reason" not in ok.columns
+    assert failed.count() == 5
+    totals = {r.customer: (r.orders, r.amount) for r in customer_totals(ok).collect()}
+    assert totals == {"c-1": (2, 11.0 + 12.5)}
+
+
+def test_release_command_carries_id_token_reason_source_and_attempt(spark):
+    records = parse_dedup_headers(
+        kafka_rows(
+            spark,
+            (order_value(2, amount=-1), gateway_headers(2, attempt=b"2", topic="team/raw")),
+            (b"v", [("other", b"")]),
+            (b"w", [("dedup-id", b"o-3"), ("dedup-token", b"1"), ("dedup-source", b"raw")]),
+        )
+    )
+    commands = release_commands(all_failed(records, "boom")).collect()
+    assert len(commands) == 1  # no id/token, or no source: the gateway could not act on it
+    assert bytes(commands[0].key) == b"o-2"
+    assert json.loads(bytes(commands[0].value)) == {
+        "id": "o-2",
+        "token": "779",
+        "reason": "boom",
+        "source": {"topic": "team/raw", "partition": 3, "offset": 1002},
+        "attempt": 2,
+    }
+
+
+def test_failing_ids_factory_fails_only_the_chosen_ids(spark):
+    records = parse_dedup_headers(
+        kafka_rows(spark, *((order_value(n), gateway_headers(n)) for n in range(4)))
+    )
+    handler = resolve_handler(
+        "spark_sink.handlers:failing_ids", {"ids": ["o-1", "o-3"], "reason": "no"}
+    )
+    reasons = {r.dedup_id: r.reason for r in handler(records).collect()}
+    assert reasons == {"o-0": None, "o-1": "no", "o-2": None, "o-3": "no"}
+    assert failing_ids(["o-0"])(records).where("reason is not null").count() == 1
+
+
+def test_bad_handler_specs_and_results_are_rejected(spark):
+    with pytest.raises(HandlerError, match="cannot load"):
+        resolve_handler("spark_sink.handlers:nope")
+    with pytest.raises(HandlerError, match="lacks column"):
+        check_result(spark.createDataFrame([(1,)], "dedup_id int"))
