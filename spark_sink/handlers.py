@@ -53,6 +53,7 @@ ORDER_COLUMNS = (
     "dedup_source",
     "dedup_attempt",
     "dedup_token",
+    "dedup_reasons",
     REASON,
 )
 
@@ -104,12 +105,16 @@ def customer_totals(written_orders: DataFrame) -> DataFrame:
 
 
 def failing_ids(
-    ids: Iterable[str], reason: str = "rejected for test", inner: str | Handler = "orders"
+    ids: Iterable[str],
+    reason: str = "rejected for test",
+    inner: str | Handler = "orders",
+    up_to_attempt: int | None = None,
 ) -> Handler:
-    """A handler factory: `inner`, except the records whose dedup_id is in `ids` fail.
+    """A handler factory: `inner`, except the records whose dedup_id is in `ids` fail
+    (only while their attempt is at most `up_to_attempt`, when given).
 
     Config form: `handler = "spark_sink.handlers:failing_ids"` with
-    `handler_options = {ids = ["o-1", "o-7"]}`.
+    `handler_options = {ids = ["o-1", "o-7"], up_to_attempt = 2}`.
     """
     chosen = sorted(set(ids))
     base = resolve_handler(inner) if isinstance(inner, str) else inner
@@ -117,6 +122,8 @@ def failing_ids(
     def handler(records: DataFrame) -> DataFrame:
         result = base(records)
         rejected = F.col("dedup_id").isin(chosen)
+        if up_to_attempt is not None:
+            rejected = rejected & (F.col("dedup_attempt") <= up_to_attempt)
         return result.withColumn(REASON, F.when(rejected, F.lit(reason)).otherwise(F.col(REASON)))
 
     return handler

@@ -17,8 +17,9 @@ HEADER_ID = "dedup-id"
 HEADER_SOURCE = "dedup-source"
 HEADER_TOKEN = "dedup-token"
 HEADER_ATTEMPT = "dedup-attempt"
+HEADER_REASONS = "dedup-reasons"  # JSON list of earlier failure reasons, on retried records
 
-DEDUP_COLUMNS = ("dedup_id", "dedup_source", "dedup_token", "dedup_attempt")
+DEDUP_COLUMNS = ("dedup_id", "dedup_source", "dedup_token", "dedup_attempt", "dedup_reasons")
 REASON = "reason"
 # Processing time of the micro-batch (Spark journals it, so a replayed batch sees the same).
 PROCESSED_AT = "processed_at"
@@ -34,8 +35,9 @@ def header(name: str) -> Column:
 
 
 def parse_dedup_headers(records: DataFrame) -> DataFrame:
-    """Add dedup_id, dedup_source, dedup_token (strings) and dedup_attempt (int,
-    1 when the header is absent or not a number) from the record headers."""
+    """Add dedup_id, dedup_source, dedup_token (strings), dedup_attempt (int,
+    1 when the header is absent or not a number) and dedup_reasons (earlier
+    failure reasons, array of strings, empty when absent) from the headers."""
     attempt = header(HEADER_ATTEMPT).try_cast("int")
     return records.select(
         "*",
@@ -43,6 +45,9 @@ def parse_dedup_headers(records: DataFrame) -> DataFrame:
         header(HEADER_SOURCE).alias("dedup_source"),
         header(HEADER_TOKEN).alias("dedup_token"),
         F.coalesce(attempt, F.lit(1)).alias("dedup_attempt"),
+        F.coalesce(
+            F.from_json(header(HEADER_REASONS), "array<string>"), F.array().cast("array<string>")
+        ).alias("dedup_reasons"),
     )
 
 
@@ -80,10 +85,11 @@ def drop_duplicate_deliveries(records: DataFrame, window: timedelta) -> DataFram
 def split_results(results: DataFrame) -> tuple[DataFrame, DataFrame]:
     """(ok, failed) rows of a handler's result: failed rows have a non-null reason.
 
-    The ok rows lose `reason` and `dedup_token` (a release credential, not data).
+    The ok rows lose `reason`, `dedup_token` (a release credential, not data)
+    and `dedup_reasons` (failure history, carried by release commands).
     """
     failed = results.where(F.col(REASON).isNotNull())
-    ok = results.where(F.col(REASON).isNull()).drop(REASON, "dedup_token")
+    ok = results.where(F.col(REASON).isNull()).drop(REASON, "dedup_token", "dedup_reasons")
     return ok, failed
 
 
@@ -96,7 +102,8 @@ def release_commands(failed: DataFrame) -> DataFrame:
     """Failure-topic records (key, value as bytes) for failed rows that can be released.
 
     value: `{"id", "token", "reason", "source": {"topic", "partition", "offset"},
-    "attempt"}`. Rows without a dedup-id, a token or a parseable dedup-source
+    "attempt", "reasons"}` (`reasons`: the earlier failures' reasons, which the
+    gateway carries onto the dead letter). Rows without a dedup-id, a token or a parseable dedup-source
     (`topic/partition/offset`, the topic may hold slashes) cannot be released:
     the gateway rejects such a command, so none is made.
     """
@@ -111,6 +118,7 @@ def release_commands(failed: DataFrame) -> DataFrame:
             parts[2].cast("long").alias("offset"),
         ).alias("source"),
         F.col("dedup_attempt").cast("int").alias("attempt"),
+        F.col("dedup_reasons").alias("reasons"),
     )
     releasable = (
         F.col("dedup_id").isNotNull()

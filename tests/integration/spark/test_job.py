@@ -88,11 +88,11 @@ def test_orders_are_written_once_and_invalid_ones_released_with_their_token(
     commands = sorted(release_commands(broker, settings, 3), key=lambda c: c["id"])
     assert commands == [
         {"id": "o-11", "token": "900011", "reason": "negative amount: -1",
-         "source": {"topic": "raw", "partition": 2, "offset": 11}, "attempt": 3},
+         "source": {"topic": "raw", "partition": 2, "offset": 11}, "attempt": 3, "reasons": []},
         {"id": "o-5", "token": "900005", "reason": "negative amount: -3",
-         "source": {"topic": "raw", "partition": 2, "offset": 5}, "attempt": 1},
+         "source": {"topic": "raw", "partition": 2, "offset": 5}, "attempt": 1, "reasons": []},
         {"id": "o-9", "token": "900009", "reason": "missing amount",
-         "source": {"topic": "raw", "partition": 0, "offset": 9}, "attempt": 1},
+         "source": {"topic": "raw", "partition": 0, "offset": 9}, "attempt": 1, "reasons": []},
     ]  # fmt: skip
 
     # Nothing new: a second run reads nothing and publishes nothing.

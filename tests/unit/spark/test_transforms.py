@@ -123,6 +123,7 @@ def test_release_command_carries_id_token_reason_source_and_attempt(spark):
         "reason": "boom",
         "source": {"topic": "team/raw", "partition": 3, "offset": 1002},
         "attempt": 2,
+        "reasons": [],
     }
 
 
@@ -143,3 +144,11 @@ def test_bad_handler_specs_and_results_are_rejected(spark):
         resolve_handler("spark_sink.handlers:nope")
     with pytest.raises(HandlerError, match="lacks column"):
         check_result(spark.createDataFrame([(1,)], "dedup_id int"))
+
+
+def test_release_command_carries_the_earlier_reasons_of_a_retried_record(spark):
+    headers = [*gateway_headers(2, attempt=b"3"), ("dedup-reasons", b'["first", "second"]')]
+    records = parse_dedup_headers(kafka_rows(spark, (order_value(2, amount=-1), headers)))
+    (command,) = release_commands(all_failed(records, "third")).collect()
+    body = json.loads(bytes(command.value))
+    assert (body["reasons"], body["reason"], body["attempt"]) == (["first", "second"], "third", 3)
