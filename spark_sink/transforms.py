@@ -103,8 +103,9 @@ def release_commands(failed: DataFrame) -> DataFrame:
 
     value: `{"id", "token", "reason", "source": {"topic", "partition", "offset"},
     "attempt", "reasons"}` (`reasons`: the earlier failures' reasons, which the
-    gateway carries onto the dead letter). Rows without a dedup-id, a token or a parseable dedup-source
-    (`topic/partition/offset`, the topic may hold slashes) cannot be released:
+    gateway carries onto the dead letter). Rows without a dedup-id, a token or a
+    parseable dedup-source (`topic/partition/offset`, the topic may hold slashes)
+    cannot be released:
     the gateway rejects such a command, so none is made.
     """
     parts = [F.regexp_extract(F.col("dedup_source"), _SOURCE_PATTERN, i) for i in (1, 2, 3)]
