@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import time
 from collections import Counter
@@ -155,8 +156,10 @@ def _run_spark(stack: LocalStack, state: Path) -> dict[str, Any]:
                "failure_topic": "failures"},
         spark={"checkpoint_dir": str(state / "spark" / "checkpoint"),
                "output_path": str(state / "spark" / "output"), "master": "local[2]",
-               "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}},
+               "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
+                        "spark.ui.showConsoleProgress": "false"}},
     )  # fmt: skip
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # everything here is on loopback
     with console.status("Spark job: processing the clean topic (local[2])"):
         report = run_until_idle(settings)
     return {
