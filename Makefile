@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint typecheck format bench clean
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh scripts/setup-ops.sh
 	bash scripts/setup.sh $(VENV)
 	touch $(STAMP)
 

@@ -46,20 +46,20 @@ class Metrics:
         self.redis_call_seconds = Histogram(
             f"{PREFIX}_redis_call_seconds",
             "Latency of one script call to one Redis instance",
-            ["instance", "script"],
+            ["redis", "script"],
             buckets=_CALL_BUCKETS,
             registry=r,
         )
         self.redis_errors = Counter(
             f"{PREFIX}_redis_errors",
             "Failed or timed-out calls to one Redis instance",
-            ["instance", "kind"],
+            ["redis", "kind"],
             registry=r,
         )
         self.redis_up = Gauge(
             f"{PREFIX}_redis_up",
             "1 when the instance answered its last call",
-            ["instance"],
+            ["redis"],
             registry=r,
         )
         self.quorum_size = Gauge(

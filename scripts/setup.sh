@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine:
 # redis-server (apt, when missing), a Java runtime for Spark (apt, when missing),
+# Prometheus/promtool for the deployment checks (scripts/setup-ops.sh),
 # and a virtualenv with the package and its dev/test extras.
 set -euo pipefail
 VENV=${1:-.venv}
@@ -20,4 +21,5 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
+bash "$(dirname "$0")/setup-ops.sh"
 echo "setup: done ($VENV)"

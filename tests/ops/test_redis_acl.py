@@ -1,0 +1,70 @@
+"""The least-privilege Redis ACL documented in deploy/k8s/secret.yaml is enough
+for everything the gateway does (claim, repair, release/handover, retries) and
+no more: a gateway user built from exactly that line works, and cannot flush."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import NoPermissionError
+
+from gateway.topics import read_topic, wait_committed
+from tests.integration.gateway_harness import (
+    Topics,
+    counter_value,
+    eventually,
+    failure_command,
+    make_settings,
+    produce,
+    running,
+)
+from tests.ops.conftest import DEPLOY
+
+ADMIN_PASSWORD = "admin-pw"
+GATEWAY_PASSWORD = "gw-pw"
+
+
+def documented_acl() -> list[str]:
+    """The `ACL SETUSER ...` arguments from the Secret's comment, with our password."""
+    text = (DEPLOY / "k8s" / "secret.yaml").read_text()
+    match = re.search(r"ACL SETUSER (.+)", text)
+    assert match, "secret.yaml documents no ACL SETUSER line"
+    return [">" + GATEWAY_PASSWORD if t == ">PASSWORD" else t for t in match[1].split()]
+
+
+async def test_the_documented_acl_lets_the_gateway_dedup_and_release_and_nothing_more(
+    broker: str, redis_servers: Any, names: Callable[[str], str]
+) -> None:
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    servers = redis_servers(3, password=ADMIN_PASSWORD)
+    acl = documented_acl()
+    user = acl[0]
+    for server in servers:
+        async with aioredis.Redis(port=server.port, password=ADMIN_PASSWORD) as admin:
+            await admin.execute_command("ACL", "SETUSER", *acl)  # type: ignore[no-untyped-call]
+    urls = [f"redis://{user}:{GATEWAY_PASSWORD}@127.0.0.1:{s.port}/0" for s in servers]
+    settings = make_settings(broker, topics, urls, failures={"mode": "release"})
+    message = [("message-id", b"acl-1")]
+    async with running(settings) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [(b"k", b"v", message), (b"k", b"v", message)])
+        await wait_committed(broker, topics.group, topics.raw, {0: 2})
+        assert (counter_value(m.forwarded), counter_value(m.duplicates)) == (1, 1)
+        (clean,) = await read_topic(broker, topics.clean, min_records=1)
+        await produce(broker, topics.failures, [failure_command(clean, "api down")])
+        await eventually(lambda: counter_value(m.releases, "released") == 1, what="released")
+        assert sum(counter_value(m.redis_errors, s.name_label, kind)
+                   for s in servers for kind in ("response", "connection", "timeout", "other")
+                   ) == 0  # fmt: skip
+
+    async with aioredis.Redis(port=servers[0].port, username=user,
+                              password=GATEWAY_PASSWORD) as gw:  # fmt: skip
+        with pytest.raises(NoPermissionError):
+            await gw.flushall()
+        with pytest.raises(NoPermissionError):
+            await gw.set("not-a-mark", 1)
