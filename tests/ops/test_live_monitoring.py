@@ -259,9 +259,9 @@ async def run_scenario(
     for rule in rules:
         assert rule["health"] != "err", f"{rule['name']}: {rule.get('lastError')}"
     redis_labels = await prom.query("dedup_gateway_redis_up")
-    assert {r["metric"].get("redis") for r in redis_labels} == {
-        s.name_label for s in servers
-    }, "Redis metrics name their member in the `redis` label"
+    assert {r["metric"].get("redis") for r in redis_labels} == {s.name_label for s in servers}, (
+        "Redis metrics name their member in the `redis` label"
+    )
 
 
 async def _is(awaitable: Any, expected: Any) -> bool:
