@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
-	$(VENV)/bin/dedup-gateway bench $(ARGS)
+	$(PY) -m bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) .state .pytest_cache

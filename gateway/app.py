@@ -124,6 +124,7 @@ class Gateway:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=4 * 1024 * 1024,
+                fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
                 session_timeout_ms=int(kafka.session_timeout.total_seconds() * 1000),
                 heartbeat_interval_ms=int(kafka.session_timeout.total_seconds() * 1000 / 3),
             )

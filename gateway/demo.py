@@ -61,7 +61,7 @@ async def run_gateway(settings: Settings, traffic: Traffic, label: str) -> tuple
         ) as progress:  # fmt: skip
             bar = progress.add_task(label, total=traffic.produced)
             started: float | None = None
-            while (done := _handled(gateway)) < traffic.produced:
+            while (done := gateway.metrics.handled()) < traffic.produced:
                 if task.done():
                     task.result()  # surface the gateway's error
                 if started is None and done:
@@ -75,17 +75,6 @@ async def run_gateway(settings: Settings, traffic: Traffic, label: str) -> tuple
         stop.set()
         await task
     return traffic.produced / max(elapsed, 1e-9), gateway
-
-
-def _handled(gateway: Gateway) -> int:
-    m = gateway.metrics
-    quarantined = sum(
-        sample.value
-        for metric in m.quarantined.collect()
-        for sample in metric.samples
-        if sample.name.endswith("_total")
-    )
-    return int(m.forwarded._value.get() + m.duplicates._value.get() + quarantined)
 
 
 async def demo(args: argparse.Namespace) -> int:

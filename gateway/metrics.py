@@ -74,6 +74,13 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.forward_latency = Histogram(
+            f"{PREFIX}_forward_latency_seconds",
+            "Raw record timestamp to the broker's acknowledgement of its clean copy",
+            buckets=(0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                     30, 60, 300),
+            registry=r,
+        )  # fmt: skip
         self.batch_records = Histogram(
             f"{PREFIX}_batch_records",
             "Records per batch",
@@ -116,3 +123,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+
+    def handled(self) -> int:
+        """Raw records the data path finished with: forwarded, dropped or quarantined."""
+        quarantined = sum(
+            sample.value
+            for metric in self.quarantined.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        )
+        return int(self.forwarded._value.get() + self.duplicates._value.get() + quarantined)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -39,6 +40,7 @@ class Claim:
     key: bytes
     owner: str
     attempt: int = 1
+    outcome: Outcome = Outcome.UNDECIDED
 
 
 @dataclass
@@ -56,7 +58,9 @@ def clean_headers(
     record: Record, message_id: bytes, token: str, extra: Sequence[tuple[str, bytes]] = ()
 ) -> list[tuple[str, bytes]]:
     """The raw headers (minus any stale dedup-*) plus this gateway's own."""
-    headers = [(k, v) for k, v in record.headers if not k.startswith("dedup-")]
+    headers = list(record.headers)
+    if any(k.startswith("dedup-") for k, _ in headers):
+        headers = [(k, v) for k, v in headers if not k.startswith("dedup-")]
     headers += [
         (H_ID, message_id),
         (H_SOURCE, source_ref(record.topic, record.partition, record.offset).encode()),
@@ -80,51 +84,56 @@ class Pipeline:
         """Vote on, forward and acknowledge one fetched batch; return what to commit."""
         result = BatchResult()
         claims: list[Claim] = []
-        bad: dict[int, BadRecord] = {}  # id(record) -> reason
+        judged: dict[TopicPartition, list[Claim | BadRecord]] = {}  # aligned with `batch`
         for tp, records in batch.items():
             self.metrics.records_in.labels(tp.topic).inc(len(records))
+            verdicts: list[Claim | BadRecord] = []
+            judged[tp] = verdicts
             for rec in records:
                 try:
                     message_id = self.extract(rec)
                 except BadRecord as exc:
-                    bad[id(rec)] = exc
+                    verdicts.append(exc)
                     continue
                 owner = owner_token(rec.topic, rec.partition, rec.offset)
-                claims.append(Claim(rec, message_id, mark_key(self.prefix, message_id), owner))
+                claim = Claim(rec, message_id, mark_key(self.prefix, message_id), owner)
+                claims.append(claim)
+                verdicts.append(claim)
 
-        outcomes = await self.vote(claims)
+        for claim, outcome in zip(claims, await self.vote(claims), strict=True):
+            claim.outcome = outcome
         forward: list[OutRecord] = []
         quarantine: list[OutRecord] = []
-        by_record = {id(c.record): (c, o) for c, o in zip(claims, outcomes, strict=True)}
         for tp, records in batch.items():
             next_offset = None
-            for rec in records:
-                if (problem := bad.get(id(rec))) is not None:
-                    quarantine.append(self._quarantined(rec, problem))
+            for rec, verdict in zip(records, judged[tp], strict=True):
+                if isinstance(verdict, BadRecord):
+                    quarantine.append(self._quarantined(rec, verdict))
                     result.quarantined += 1
+                    next_offset = rec.offset + 1
+                    continue
+                claim, outcome = verdict, verdict.outcome
+                if outcome is Outcome.FORWARD:
+                    forward.append(self._clean(claim, uncertain=False))
+                    result.forwarded += 1
+                elif outcome is Outcome.DUPLICATE:
+                    result.duplicates += 1
+                elif self.policy == "block":
+                    result.blocked[tp] = rec.offset
+                    self.metrics.undecided.labels("block").inc()
+                    break
+                elif self.policy == "forward":
+                    forward.append(self._clean(claim, uncertain=True))
+                    result.forwarded += 1
+                    self.metrics.undecided.labels("forward").inc()
                 else:
-                    claim, outcome = by_record[id(rec)]
-                    if outcome is Outcome.UNDECIDED and self.policy == "block":
-                        result.blocked[tp] = rec.offset
-                        self.metrics.undecided.labels("block").inc()
-                        break
-                    if outcome is Outcome.FORWARD or (
-                        outcome is Outcome.UNDECIDED and self.policy == "forward"
-                    ):
-                        uncertain = outcome is Outcome.UNDECIDED
-                        forward.append(self._clean(claim, uncertain))
-                        result.forwarded += 1
-                        if uncertain:
-                            self.metrics.undecided.labels("forward").inc()
-                    elif outcome is Outcome.DUPLICATE:
-                        result.duplicates += 1
-                    else:
-                        self.metrics.undecided.labels("drop").inc()
+                    self.metrics.undecided.labels("drop").inc()
                 next_offset = rec.offset + 1
             if next_offset is not None:
                 result.commits[tp] = next_offset
 
         await self.deliver(self.settings.kafka.clean_topic, forward)
+        self._observe_latency(forward)
         await self.deliver(self.settings.kafka.quarantine_topic, quarantine)
         self.metrics.forwarded.inc(result.forwarded)
         self.metrics.duplicates.inc(result.duplicates)
@@ -141,7 +150,11 @@ class Pipeline:
         outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
         rows: list[tuple[Reply, ...]] = list(zip(*replies, strict=True))
+        all_mine = (MINE,) * len(replies)
         for claim, row in zip(claims, rows, strict=True):
+            if row == all_mine:  # the common case: new everywhere (or our own replay)
+                outcomes.append(Outcome.FORWARD)
+                continue
             decision = decide(claim.owner, row, quorum)
             outcomes.append(decision.outcome)
             if decision.winner is None:
@@ -160,6 +173,14 @@ class Pipeline:
         if records:
             futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
             await asyncio.gather(*futures)
+
+    def _observe_latency(self, acknowledged: Sequence[OutRecord]) -> None:
+        """End-to-end age of each forwarded record (raw timestamp to clean ack)."""
+        now_ms = time.time() * 1000
+        observe = self.metrics.forward_latency.observe
+        for rec in acknowledged:
+            if rec.timestamp_ms is not None:
+                observe((now_ms - rec.timestamp_ms) / 1000)
 
     def _clean(self, claim: Claim, uncertain: bool) -> OutRecord:
         rec = claim.record

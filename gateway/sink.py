@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
@@ -19,8 +18,7 @@ from aiokafka.partitioner import murmur2
 Headers = Sequence[tuple[str, bytes]]
 
 
-@dataclass(frozen=True, slots=True)
-class OutRecord:
+class OutRecord(NamedTuple):  # a tuple: built once per forwarded record
     key: bytes | None
     value: bytes | None
     timestamp_ms: int | None
@@ -28,10 +26,15 @@ class OutRecord:
     source_partition: int
 
 
+# Keys repeat (customer, account, device ids); murmur2 is pure Python here.
+_KEY_HASH_CACHE = 65_536
+
+
 class Sink:
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
         self._partitions: dict[str, list[int]] = {}
+        self._key_hash: dict[bytes, int] = {}
 
     async def _partitions_of(self, topic: str) -> list[int]:
         if topic not in self._partitions:
@@ -45,8 +48,14 @@ class Sink:
         """Queue `records` on `topic`; returns one delivery future per produced batch."""
         parts = await self._partitions_of(topic)
         by_partition: dict[int, list[OutRecord]] = defaultdict(list)
+        key_hash = self._key_hash
         for rec in records:
-            index = rec.source_partition if rec.key is None else murmur2(rec.key) & 2147483647
+            if rec.key is None:
+                index = rec.source_partition
+            elif (index := key_hash.get(rec.key, -1)) < 0:
+                if len(key_hash) >= _KEY_HASH_CACHE:
+                    key_hash.clear()
+                index = key_hash[rec.key] = murmur2(rec.key) & 2147483647
             by_partition[parts[index % len(parts)]].append(rec)
 
         futures: list[asyncio.Future[Any]] = []

@@ -1,0 +1,318 @@
+"""Summaries, targets and the three outputs: JSON, a PNG chart, the RESULTS.md table.
+
+Every ratio compares two runs of the same round and duplicate share, and the
+median over rounds is quoted; absolute rates are medians too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from bench.measure import LatencyRun, ThroughputRun
+from bench.variants import FORWARDER, VARIANTS
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+TARGET_SHARE = 0.2
+
+
+@dataclass
+class Results:
+    runs: list[ThroughputRun]
+    latencies: list[LatencyRun]
+    options: dict[str, Any]
+    machine: dict[str, Any] = field(default_factory=lambda: machine())
+
+    @property
+    def all_correct(self) -> bool:
+        return all(r.correct for r in self.runs) and all(r.correct for r in self.latencies)
+
+    @property
+    def shares(self) -> list[float]:
+        return sorted({r.share for r in self.runs})
+
+    @property
+    def target_share(self) -> float:
+        return TARGET_SHARE if TARGET_SHARE in self.shares else self.shares[0]
+
+    @property
+    def present(self) -> list[str]:
+        """The variants that ran, in the canonical order."""
+        return [v.name for v in VARIANTS if any(r.variant == v.name for r in self.runs)]
+
+    def of(self, variant: str, share: float) -> list[ThroughputRun]:
+        return [r for r in self.runs if r.variant == variant and r.share == share]
+
+    def rate(self, variant: str, share: float) -> float:
+        return statistics.median(r.rate for r in self.of(variant, share))
+
+    def ratio(self, variant: str, baseline: str, share: float) -> float | None:
+        """Median over rounds of variant/baseline, both from the same round."""
+        base = {r.round: r.rate for r in self.of(baseline, share)}
+        pairs = [r.rate / base[r.round] for r in self.of(variant, share) if r.round in base]
+        return statistics.median(pairs) if pairs else None
+
+    def per_million(self, variant: str, share: float, attr: str) -> float:
+        return statistics.median(
+            float(getattr(r, attr)) / r.records * 1e6 for r in self.of(variant, share)
+        )
+
+    def bytes_per_mark(self, variant: str) -> float | None:
+        values = [b for r in self.runs if r.variant == variant for b in r.bytes_per_mark]
+        return statistics.median(values) if values else None
+
+    def latency(self, variant: str) -> LatencyRun | None:
+        return next((r for r in self.latencies if r.variant == variant), None)
+
+    def targets(self) -> list[dict[str, Any]]:
+        share = self.target_share
+        rows: list[tuple[str, str, str, float | None, Callable[[float], bool]]] = [
+            ("gateway-3 / forwarder", f"{share:.0%} dups", ">= 0.6",
+             self.ratio("gateway-3", FORWARDER.name, share), lambda v: v >= 0.6),
+            ("gateway-3 / naive-3", f"{share:.0%} dups", ">= 20",
+             self.ratio("gateway-3", "naive-3", share), lambda v: v >= 20),
+            ("gateway-5 / gateway-3", f"{share:.0%} dups", ">= 0.75",
+             self.ratio("gateway-5", "gateway-3", share), lambda v: v >= 0.75),
+        ]  # fmt: skip
+        if (lat := self.latency("gateway-3")) is not None:
+            rows.append(("gateway-3 p99 latency, ms", "half load", "<= 25",
+                         lat.percentile(99), lambda v: v <= 25))  # fmt: skip
+        if (mark := self.bytes_per_mark("gateway-3")) is not None:
+            rows.append(("Redis bytes per mark", "per instance", "<= 100", mark,
+                         lambda v: v <= 100))  # fmt: skip
+        return [
+            {"target": name, "where": where, "goal": goal, "measured": value, "met": met(value)}
+            for name, where, goal, value, met in rows
+            if value is not None
+        ]
+
+    def summary(self) -> list[dict[str, Any]]:
+        rows = []
+        for share in self.shares:
+            for name in self.present:
+                rows.append({
+                    "variant": name, "share": share, "rate": self.rate(name, share),
+                    "ratio_to_forwarder": self.ratio(name, FORWARDER.name, share),
+                    "gateway_cpu_s_per_m": self.per_million(name, share, "gateway_cpu_s"),
+                    "redis_cpu_s_per_m": self.per_million(name, share, "redis_cpu_s"),
+                    "broker_cpu_s_per_m": self.per_million(name, share, "broker_cpu_s"),
+                    "rounds": len(self.of(name, share)),
+                    "correct": all(r.correct for r in self.of(name, share)),
+                })  # fmt: skip
+        return rows
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine,
+            "options": self.options,
+            "summary": self.summary(),
+            "latency": [r.as_dict() for r in self.latencies],
+            "bytes_per_mark": {name: self.bytes_per_mark(name) for name in self.present},
+            "targets": self.targets(),
+            "runs": [r.as_dict() for r in self.runs],
+        }
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        if found := re.search(r"model name\s*:\s*(.+)", cpuinfo):
+            cpu = found.group(1).strip()
+    except OSError:
+        pass
+    redis = shutil.which("redis-server")
+    redis_version = (
+        subprocess.run([redis, "--version"], capture_output=True, text=True).stdout.split()[2]
+        if redis
+        else "absent"
+    )
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "redis": redis_version.removeprefix("v="),
+    }
+
+
+def write(results: Results, out: Path, results_md: Path | None) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out / "results.json", out / "results.png"
+    json_path.write_text(json.dumps(results.as_dict(), indent=2) + "\n")
+    chart(results, png_path)
+    paths = [json_path, png_path]
+    if results_md is not None:
+        update_markdown(results_md, markdown(results, png_path, results_md))
+        paths.append(results_md)
+    return paths
+
+
+def chart(results: Results, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = results.present
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / len(results.shares)
+    for i, share in enumerate(results.shares):
+        rates = [results.rate(n, share) / 1000 for n in names]
+        xs = [x + i * width for x in range(len(names))]
+        bars = left.bar(xs, rates, width, label=f"{share:.0%} duplicates")
+        for bar, name in zip(bars, names, strict=True):
+            ratio = results.ratio(name, FORWARDER.name, share)
+            left.annotate(_fmt(ratio), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                          ha="center", va="bottom", fontsize=7)  # fmt: skip
+    left.set_xticks([x + width * (len(results.shares) - 1) / 2 for x in range(len(names))], names)
+    left.set_ylabel("thousand records/s (median); label: ratio to forwarder")
+    left.set_title("Throughput on a pre-filled raw topic")
+    left.legend()
+    if results.latencies:
+        lat_names = [r.variant for r in results.latencies]
+        xs = list(range(len(lat_names)))
+        right.bar([x - 0.2 for x in xs], [r.percentile(50) for r in results.latencies], 0.4,
+                  label="p50")  # fmt: skip
+        right.bar([x + 0.2 for x in xs], [r.percentile(99) for r in results.latencies], 0.4,
+                  label="p99")  # fmt: skip
+        right.axhline(25, color="red", linestyle="--", linewidth=1, label="p99 target 25 ms")
+        right.set_xticks(xs, lat_names)
+        right.set_ylabel("ms, raw append to clean ack")
+        right.set_title("End-to-end latency at half of each variant's maximum")
+        right.legend()
+    fig.suptitle(f"dedup gateway benchmark, {results.machine['date']}, "
+                 f"{results.machine['cores']} cores")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def markdown(results: Results, png: Path, md_path: Path) -> str:
+    m, o = results.machine, results.options
+    lines = [
+        f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), {m['platform']}, "
+        f"Python {m['python']}, redis-server {m['redis']}, Tansu broker (local stack).",
+        f"{o['records']:,} records per run ({o['naive_records']:,} for naive-3), "
+        f"{o['value_size']}-byte values, {o['partitions']} raw partitions, "
+        f"{o['rounds']} rounds, medians quoted.",
+        "",
+        "**Targets**",
+        "",
+        *_table(
+            ["target", "where", "goal", "measured", "met"],
+            (
+                [
+                    t["target"],
+                    t["where"],
+                    t["goal"],
+                    _fmt(t["measured"]),
+                    "yes" if t["met"] else "**no**",
+                ]
+                for t in results.targets()
+            ),
+        ),
+        "",
+        "**Throughput** (records/s; ratio to forwarder in the same round; CPU seconds per "
+        "million records)",
+        "",
+        *_table(
+            [
+                "variant",
+                "dups",
+                "records/s",
+                "x forwarder",
+                "gateway CPU s/M",
+                "Redis CPU s/M (all instances)",
+                "counts right",
+            ],
+            (
+                [
+                    s["variant"],
+                    f"{s['share']:.0%}",
+                    f"{s['rate']:,.0f}",
+                    _fmt(s["ratio_to_forwarder"]),
+                    f"{s['gateway_cpu_s_per_m']:.1f}",
+                    f"{s['redis_cpu_s_per_m']:.1f}",
+                    "yes" if s["correct"] else "**NO**",
+                ]
+                for s in results.summary()
+            ),
+        ),
+    ]
+    if results.latencies:
+        lines += [
+            "",
+            f"**Latency** at half of each variant's median maximum, {results.target_share:.0%} "
+            "duplicates, raw CreateTime to the clean record's broker ack "
+            f"({o['latency_seconds']} s of load, first {o['warmup_seconds']} s not counted)",
+            "",
+            *_table(
+                ["variant", "offered records/s", "samples", "p50 ms", "p99 ms", "max ms"],
+                (
+                    [
+                        r.variant,
+                        f"{r.offered_rate:,.0f}",
+                        f"{len(r.samples_ms):,}",
+                        _fmt(r.percentile(50), 1),
+                        _fmt(r.percentile(99), 1),
+                        _fmt(max(r.samples_ms, default=0.0), 1),
+                    ]
+                    for r in results.latencies
+                ),
+            ),
+        ]
+    marks = [(name, value) for name in results.present
+             if (value := results.bytes_per_mark(name)) is not None]  # fmt: skip
+    lines += [
+        "",
+        "**Redis memory per mark** (`used_memory` growth / keys, per instance, median): "
+        + ", ".join(f"{name} {_fmt(value, 1)} B" for name, value in marks),
+        "",
+        f"![benchmark chart]({os.path.relpath(png, md_path.parent)})",
+    ]
+    return "\n".join(lines)
+
+
+def update_markdown(path: Path, generated: str) -> None:
+    """Replace the generated block between the markers; keep the text around it."""
+    block = f"{BEGIN}\n{generated}\n{END}"
+    text = path.read_text() if path.exists() else f"# Benchmark results\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text = text.rstrip("\n") + f"\n\n{BEGIN}\n{END}\n"
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    path.write_text(head + block + tail)
+
+
+def console_table(results: Results) -> Table:
+    table = Table(title="benchmark: targets")
+    for column in ("target", "where", "goal", "measured", "met"):
+        table.add_column(column)
+    for t in results.targets():
+        table.add_row(t["target"], t["where"], t["goal"], _fmt(t["measured"]),
+                      "[green]yes[/]" if t["met"] else "[red]no[/]")  # fmt: skip
+    return table

@@ -1,0 +1,188 @@
+"""`python -m bench`: every variant, A/B interleaved over several rounds, on the local stack.
+
+1. Start a broker and five redis-server processes (`gateway.localstack`).
+2. Fill one raw topic per duplicate share (and a smaller one for `naive`,
+   which is ~20x slower) before any variant runs.
+3. Rounds: in each, every variant reads every share's topic once; the order
+   of variants rotates from round to round, so no variant always runs first
+   or last. Ratios compare runs of the same round.
+4. Latency: each variant at half of its median maximum (20% duplicates).
+5. Write JSON, a PNG chart and the table in `bench/RESULTS.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from bench import report
+from bench.measure import LatencyRun, PreparedTopic, ThroughputRun, latency, throughput
+from bench.variants import VARIANTS, Variant
+from gateway.config import load_settings
+from gateway.localstack import LocalStack, default_state_dir
+from gateway.logs import configure
+from gateway.topics import create_topics
+from gateway.traffic import produce_traffic
+
+console = Console()
+LATENCY_SHARE = 0.2
+
+
+@dataclass
+class Options:
+    records: int
+    naive_records: int
+    shares: list[float]
+    rounds: int
+    latency_seconds: float
+    warmup_seconds: float
+    value_size: int
+    partitions: int
+    out: Path
+    results_md: Path | None
+    variants: list[str]
+
+
+async def prepare(stack: LocalStack, opts: Options) -> dict[tuple[str, float], PreparedTopic]:
+    """One pre-filled raw topic per (size class, share): `full` and `naive`."""
+    topics: dict[tuple[str, float], PreparedTopic] = {}
+    for share in opts.shares:
+        for kind, count in (("full", opts.records), ("naive", opts.naive_records)):
+            name = f"raw-{kind}-{int(share * 100)}"
+            await create_topics(stack.bootstrap, {name: opts.partitions})
+            with console.status(f"filling {name} with {count:,} records"):
+                traffic = await produce_traffic(
+                    stack.bootstrap, name, count, duplicate_share=share,
+                    value_size=opts.value_size, seed=int(share * 100) + 1,
+                )  # fmt: skip
+            topics[kind, share] = PreparedTopic(name, share, traffic)
+    await create_topics(stack.bootstrap, {"bench-failures": 1, "bench-dead-letter": 1})
+    return topics
+
+
+async def bench(opts: Options) -> report.Results:
+    state = default_state_dir() / "bench"
+    shutil.rmtree(state, ignore_errors=True)
+    most_redis = max(v.redis for v in VARIANTS)
+    with LocalStack(state, redis_count=most_redis) as stack:
+        console.print(f"local stack: broker {stack.bootstrap}, {most_redis} redis-server")
+        topics = await prepare(stack, opts)
+        runs: list[ThroughputRun] = []
+        plan = [
+            (round_no, share, variant)
+            for round_no in range(1, opts.rounds + 1)
+            for share in opts.shares
+            for variant in _rotated(_chosen(opts), round_no)
+        ]
+        with _progress() as progress:
+            overall = progress.add_task("all runs", total=len(plan))
+            for round_no, share, variant in plan:
+                raw = topics["naive" if variant.naive else "full", share]
+                label = f"round {round_no}: {variant.name}, {share:.0%} dups"
+                current = progress.add_task(label, total=raw.traffic.produced)
+
+                def show(done: int, task: TaskID = current) -> None:
+                    progress.update(task, completed=done)
+
+                run = await throughput(stack, variant, raw, round_no, show)
+                progress.remove_task(current)
+                progress.advance(overall)
+                runs.append(run)
+                if not run.correct:
+                    console.print(f"[red]{label}: counts differ from the generated traffic[/]")
+
+        latencies: list[LatencyRun] = []
+        if opts.latency_seconds > 0:
+            share = LATENCY_SHARE if LATENCY_SHARE in opts.shares else opts.shares[0]
+            for variant in _chosen(opts):
+                rate = (
+                    statistics.median(
+                        r.rate for r in runs if r.variant == variant.name and r.share == share
+                    )
+                    / 2
+                )
+                with console.status(f"latency: {variant.name} at {rate:,.0f} records/s"):
+                    latencies.append(
+                        await latency(
+                            stack, variant, rate, opts.latency_seconds, opts.warmup_seconds,
+                            share, opts.value_size,
+                        )
+                    )  # fmt: skip
+    return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts))
+
+
+def _chosen(opts: Options) -> tuple[Variant, ...]:
+    return tuple(v for v in VARIANTS if v.name in opts.variants)
+
+
+def _rotated(variants: tuple[Variant, ...], round_no: int) -> list[Variant]:
+    shift = (round_no - 1) % len(variants)
+    return list(variants[shift:] + variants[:shift])
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+
+
+def _options_dict(opts: Options) -> dict[str, object]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in opts.__dict__.items()}
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--records", type=int, default=200_000, help="records per raw topic")
+    parser.add_argument("--naive-records", type=int, default=10_000,
+                        help="records for the naive variant (it is ~20x slower)")  # fmt: skip
+    parser.add_argument("--shares", type=float, nargs="+", default=[0.0, 0.2, 0.5],
+                        help="duplicate shares")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-seconds", type=float, default=10.0,
+                        help="offered-load duration per variant; 0 skips latency")  # fmt: skip
+    parser.add_argument("--warmup-seconds", type=float, default=1.0)
+    parser.add_argument("--value-size", type=int, default=200, help="bytes per record value")
+    parser.add_argument("--partitions", type=int, default=4, help="raw topic partitions")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--results-md", type=Path, default=Path("bench/RESULTS.md"),
+                        help="where the table goes (between its markers)")  # fmt: skip
+    names = [v.name for v in VARIANTS]
+    parser.add_argument("--variants", nargs="+", choices=names, default=names,
+                        help="run only these (the targets need all of them)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if any(not 0 <= s < 1 for s in args.shares):
+        parser.error("--shares: each share must be in [0, 1)")
+    return Options(**vars(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    configure(load_settings(log={"level": "ERROR"}).log)
+    results = uvloop.run(bench(opts))
+    paths = report.write(results, opts.out, opts.results_md)
+    console.print(report.console_table(results))
+    for path in paths:
+        console.print(f"wrote {path}")
+    if not results.all_correct:
+        console.print("[red]some runs forwarded or dropped other counts than generated[/]")
+        return 1
+    return 0
