@@ -7,8 +7,8 @@ fetched batch to the last handled record, which excludes the group join.
 CPU: the benchmark process's own CPU time over the same window (it runs the
 gateway; the progress display polls at 20 Hz), the Redis instances'
 `used_cpu_user + used_cpu_sys` and the broker's from /proc. Memory per mark:
-each instance's `used_memory` growth over the run divided by its key count
-(every key is one mark), after a FLUSHALL at the start.
+each instance's `used_memory` growth over the run divided by the distinct ids
+(each instance holds one mark per id), after a FLUSHALL at the start.
 """
 
 from __future__ import annotations
@@ -132,7 +132,6 @@ async def redis_info(urls: Sequence[str]) -> list[dict[str, Any]]:
     async def one(url: str) -> dict[str, Any]:
         async with aioredis.Redis.from_url(url) as client:
             info: dict[str, Any] = await client.info()
-            info["dbsize"] = await client.dbsize()
             return info
 
     return list(await asyncio.gather(*(one(u) for u in urls)))
@@ -225,9 +224,9 @@ async def throughput(
         duplicates=int(gateway.metrics.duplicates._value.get()),
         expected_forwarded=expected_forwarded, expected_duplicates=expected_duplicates,
         bytes_per_mark=[
-            (a["used_memory"] - b["used_memory"]) / a["dbsize"]
+            (a["used_memory"] - b["used_memory"]) / len(raw.traffic.unique_ids)
             for a, b in zip(after, before, strict=True)
-            if variant.dedup and a["dbsize"]
+            if variant.dedup
         ],
     )  # fmt: skip
 

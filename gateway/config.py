@@ -97,6 +97,10 @@ class RedisSettings(_Section):
     # The dedup window: how long a mark lives. Set atomically with the claim.
     ttl: Duration = timedelta(hours=24)
     key_prefix: str = Field(default="dd:", max_length=32)
+    # Hash buckets per time slice that marks are spread over (gateway/keys.py):
+    # aim for a few hundred marks per bucket at most, i.e. about
+    # distinct ids per ttl / 2 / 300. More only costs ~200 bytes per bucket.
+    buckets: int = Field(default=16_384, ge=1, le=2**24)
     # Per-instance bound on one script call; a slower instance counts as no answer.
     timeout: Duration = timedelta(milliseconds=500)
 

@@ -37,7 +37,7 @@ from aiokafka.errors import CommitFailedError, OffsetOutOfRangeError
 
 from gateway.config import Settings
 from gateway.ids import BadRecord, build_extractor
-from gateway.keys import dead_token, handover_key, mark_key, owner_token, source_ref
+from gateway.keys import dead_token, mark_digest, owner_token, source_ref
 from gateway.metrics import Metrics
 from gateway.pipeline import H_ATTEMPT, clean_headers
 from gateway.quorum import Quorum
@@ -162,7 +162,6 @@ class FailureLoop:
         self.quorum = quorum
         self.sink = Sink(producer)
         self.metrics = metrics
-        self.prefix = settings.redis.key_prefix.encode()
         self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
         self.due: list[_Due] = []
         self.pending: dict[TopicPartition, set[int]] = {}
@@ -204,8 +203,8 @@ class FailureLoop:
         return await self._hand_over(tp, valid)
 
     async def _release(self, tp: TopicPartition, valid: list[tuple[Record, Command]]) -> int | None:
-        keys = [mark_key(self.prefix, c.id.encode()) for _, c in valid]
-        replies = await self.quorum.release(keys, [c.token for _, c in valid])
+        digests = [mark_digest(c.id.encode()) for _, c in valid]
+        replies = await self.quorum.release(digests, [c.token for _, c in valid])
         for j, (rec, cmd) in enumerate(valid):
             answers = [r[j] for r in replies if r is not None]
             if sum(answers) >= self.quorum.majority:
@@ -226,14 +225,13 @@ class FailureLoop:
     ) -> int | None:
         marks = []
         for _, cmd in valid:
-            mark = mark_key(self.prefix, cmd.id.encode())
             dead = cmd.attempt >= self.failures.max_attempts
             nxt = (
                 dead_token(cmd.topic, cmd.partition, cmd.offset)
                 if dead
                 else owner_token(cmd.topic, cmd.partition, cmd.offset, cmd.attempt + 1)
             )
-            marks.append((mark, handover_key(mark), cmd.token, nxt, cmd.ref))
+            marks.append((mark_digest(cmd.id.encode()), cmd.token, nxt, cmd.ref))
         replies = await self.quorum.handover(marks)
         now = time.monotonic()
         for j, (rec, cmd) in enumerate(valid):
@@ -272,8 +270,7 @@ class FailureLoop:
             due = heapq.heappop(self.due)
             if await self._redo(due, fetcher):
                 cmd = due.command
-                mark = mark_key(self.prefix, cmd.id.encode())
-                await self.quorum.mark_done([handover_key(mark)], [cmd.ref])
+                await self.quorum.mark_done([mark_digest(cmd.id.encode())], [cmd.ref])
             self.pending[due.tp].discard(due.offset)
 
     async def _redo(self, due: _Due, fetcher: RawFetcher) -> bool:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from gateway.app import build_producer, kafka_client_options
 from gateway.config import Settings
-from gateway.keys import dead_token, handover_key, mark_key, parse_source_ref
+from gateway.keys import dead_token, mark_digest, parse_source_ref
 from gateway.metrics import Metrics
 from gateway.pipeline import H_SOURCE
 from gateway.quorum import Quorum
@@ -25,24 +25,25 @@ console = Console()
 
 
 async def inspect(settings: Settings, message_id: str) -> int:
-    """Print each instance's mark for `message_id`: owner token and TTL."""
+    """Print each instance's mark for `message_id`: owner token, TTL, bucket encoding."""
     quorum = Quorum(settings.redis, Metrics())
     try:
-        key = mark_key(settings.redis.key_prefix.encode(), message_id.encode())
-        marks = await quorum.inspect(key)
-        handed = await quorum.inspect(handover_key(key))
+        digest = mark_digest(message_id.encode())
+        views = await quorum.inspect(digest)
     finally:
         await quorum.close()
-    table = Table(title=f"marks for id {message_id!r} (key {key.hex()})")
-    for column in ("instance", "owner token", "ttl", "last handover by"):
-        table.add_column(column)
-    for inst, mark, hand in zip(quorum.instances, marks, handed, strict=True):
-        if mark is None:
-            table.add_row(inst.name, "[red]no answer[/]", "", "")
+    table = Table(title=f"marks for id {message_id!r} (digest {digest.hex()})")
+    table.add_column("instance", overflow="fold")
+    table.add_column("owner token", min_width=19, no_wrap=True)  # copied into --token: whole
+    for column in ("ttl", "bucket", "last handover by"):
+        table.add_column(column, overflow="fold")
+    for inst, view in zip(quorum.instances, views, strict=True):
+        if view is None:
+            table.add_row(inst.name, "[red]no answer[/]", "", "", "")
             continue
-        _, owner, ttl_ms = mark
-        by = hand[1] if hand is not None and hand[1] is not None else ""
-        table.add_row(inst.name, owner or "(none)", _ttl(ttl_ms), by)
+        bucket = view.encoding or ""  # "listpack": compact; "hashtable": raise buckets
+        by = view.handed_over_by or ""
+        table.add_row(inst.name, view.owner or "(none)", _ttl(view.ttl_ms), bucket, by)
     console.print(table)
     return 0
 
@@ -51,12 +52,12 @@ async def release(settings: Settings, message_id: str, token: str | None) -> int
     """Delete the id's mark: only where it holds `token` when given, else everywhere."""
     quorum = Quorum(settings.redis, Metrics())
     try:
-        key = mark_key(settings.redis.key_prefix.encode(), message_id.encode())
+        digest = mark_digest(message_id.encode())
         if token is not None:
-            replies = await quorum.release([key], [token])
+            replies = await quorum.release([digest], [token])
             results = [None if r is None else r[0] for r in replies]
         else:
-            results = await quorum.delete(key)
+            results = await quorum.delete(digest)
     finally:
         await quorum.close()
     deleted = sum(1 for r in results if r)
@@ -104,8 +105,8 @@ async def redrive(settings: Settings, limit: int | None) -> int:
             for tp, rec in todo[: None if limit is None else limit - redriven]:
                 headers = dict(rec.headers)
                 topic, partition, offset = parse_source_ref(headers[H_SOURCE].decode())
-                key = mark_key(settings.redis.key_prefix.encode(), headers["dedup-id"])
-                await quorum.release([key], [dead_token(topic, partition, offset)])
+                digest = mark_digest(headers["dedup-id"])
+                await quorum.release([digest], [dead_token(topic, partition, offset)])
                 original = [(k, v) for k, v in rec.headers if not k.startswith("dedup-")]
                 await producer.send_and_wait(topic, rec.value, key=rec.key, headers=original)
                 await consumer.commit({tp: rec.offset + 1})

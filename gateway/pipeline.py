@@ -20,7 +20,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from gateway.config import Settings
 from gateway.ids import BadRecord, build_extractor
-from gateway.keys import mark_key, owner_token, source_ref
+from gateway.keys import mark_digest, owner_token, source_ref
 from gateway.metrics import Metrics
 from gateway.quorum import Quorum
 from gateway.sink import OutRecord, Sink
@@ -37,7 +37,7 @@ H_UNCERTAIN, H_ERROR = "dedup-uncertain", "dedup-error"
 class Claim:
     record: Record
     message_id: bytes
-    key: bytes
+    digest: bytes
     owner: str
     attempt: int = 1
     outcome: Outcome = Outcome.UNDECIDED
@@ -77,7 +77,6 @@ class Pipeline:
         self.sink = sink
         self.metrics = metrics
         self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
-        self.prefix = settings.redis.key_prefix.encode()
         self.policy = settings.dedup.on_no_quorum
 
     async def process(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> BatchResult:
@@ -96,7 +95,7 @@ class Pipeline:
                     verdicts.append(exc)
                     continue
                 owner = owner_token(rec.topic, rec.partition, rec.offset)
-                claim = Claim(rec, message_id, mark_key(self.prefix, message_id), owner)
+                claim = Claim(rec, message_id, mark_digest(message_id), owner)
                 claims.append(claim)
                 verdicts.append(claim)
 
@@ -145,7 +144,7 @@ class Pipeline:
             return []
         if not self.settings.dedup.enabled:
             return [Outcome.FORWARD] * len(claims)
-        replies = await self.quorum.claim([c.key for c in claims], [c.owner for c in claims])
+        replies = await self.quorum.claim([c.digest for c in claims], [c.owner for c in claims])
         quorum = self.quorum.majority
         outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
@@ -163,7 +162,7 @@ class Pipeline:
                 seen = claim.owner if reply == MINE else reply
                 if reply is not None and seen != decision.winner:
                     assert isinstance(seen, str)
-                    repairs[i].append((claim.key, seen, decision.winner))
+                    repairs[i].append((claim.digest, seen, decision.winner))
         if any(repairs):
             await self.quorum.repair(repairs)
         return outcomes

@@ -25,6 +25,7 @@ from redis.retry import Retry
 
 from gateway import scripts
 from gateway.config import RedisSettings, redacted
+from gateway.keys import handover_key
 from gateway.metrics import Metrics
 from gateway.vote import Reply
 
@@ -32,8 +33,15 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class QuorumUnavailable(RuntimeError):
-    """Fewer than a majority of instances answer."""
+@dataclass(frozen=True)
+class MarkView:
+    """One instance's view of one id, for the operator."""
+
+    owner: str | None  # None: no live mark
+    ttl_ms: int  # of the bucket holding it; -2 when absent
+    bucket: str | None
+    encoding: str | None  # "listpack" while the bucket is compact
+    handed_over_by: str | None  # the failure command that last handed it over
 
 
 @dataclass
@@ -45,6 +53,8 @@ class Instance:
     release: Any
     handover: Any
     mark_done: Any
+    inspect: Any
+    delete: Any
     up: bool = False
 
 
@@ -55,6 +65,14 @@ class Quorum:
         self.metrics = metrics
         self.timeout = settings.timeout.total_seconds()
         self.ttl_ms = int(settings.ttl.total_seconds() * 1000)
+        self.prefix = settings.key_prefix.encode()
+        # What every mark script takes first (gateway/scripts.py).
+        self._layout: list[Any] = [
+            self.prefix,
+            self.ttl_ms,
+            self.ttl_ms // scripts.SLICES_BACK,
+            settings.buckets,
+        ]
         self.size = len(settings.nodes)
         self.majority = self.size // 2 + 1
         self.instances: list[Instance] = []
@@ -76,6 +94,8 @@ class Quorum:
                     release=client.register_script(scripts.RELEASE),
                     handover=client.register_script(scripts.HANDOVER),
                     mark_done=client.register_script(scripts.MARK_DONE),
+                    inspect=client.register_script(scripts.INSPECT),
+                    delete=client.register_script(scripts.DELETE),
                 )
             )
         metrics.quorum_size.set(self.majority)
@@ -100,76 +120,81 @@ class Quorum:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), retry_s)
 
-    async def claim(self, keys: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
-        """Per instance, the reply for each key (all `None` for an instance that failed).
+    async def claim(self, digests: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
+        """Per instance, the reply for each digest (all `None` for an instance that failed).
 
-        Every key must have the same length (they do: prefix + fixed digest).
+        Every digest must have the same length (they do: `keys.mark_digest`).
         """
-        if not keys:
+        if not digests:
             return [[] for _ in self.instances]
-        args = [self.ttl_ms, len(keys[0]), b"".join(keys), ",".join(owners) + ","]
+        args = [*self._layout, len(digests[0]), b"".join(digests), ",".join(owners) + ","]
         results = await self._on_all("claim", lambda inst: inst.claim(keys=[], args=args))
         return [
             [r if isinstance(r, int) else r.decode() for r in result]
             if result is not None
-            else [None] * len(keys)
+            else [None] * len(digests)
             for result in results
         ]
 
     async def repair(self, per_instance: Sequence[list[tuple[bytes, str, str]]]) -> int:
-        """Rewrite (key, seen owner, winner) marks where they still hold what was seen."""
+        """Rewrite (digest, seen owner, winner) marks where they still hold what was seen."""
 
         async def call(inst: Instance) -> int:
             todo = per_instance[self.instances.index(inst)]
             if not todo:
                 return 0
-            args = [v for _, seen, winner in todo for v in (seen, winner)]
-            return int(await inst.repair(keys=[k for k, _, _ in todo], args=args))
+            args = [*self._layout, *(v for mark in todo for v in mark)]
+            return int(await inst.repair(keys=[], args=args))
 
         results = await self._on_all("repair", call)
         repaired = sum(r or 0 for r in results)
         self.metrics.repairs.inc(repaired)
         return repaired
 
-    async def release(self, keys: Sequence[bytes], tokens: Sequence[str]) -> list[list[int] | None]:
-        """Per instance, 1/0 per key for deleted/not, or None for no answer."""
-        results = await self._on_all(
-            "release", lambda inst: inst.release(keys=keys, args=list(tokens))
-        )
+    async def release(
+        self, digests: Sequence[bytes], tokens: Sequence[str]
+    ) -> list[list[int] | None]:
+        """Per instance, 1/0 per digest for deleted/not, or None for no answer."""
+        args = [*self._layout, *(v for pair in zip(digests, tokens, strict=True) for v in pair)]
+        results = await self._on_all("release", lambda inst: inst.release(keys=[], args=args))
         return [None if r is None else [int(x) for x in r] for r in results]
 
     async def handover(
-        self, marks: Sequence[tuple[bytes, bytes, str, str, str]]
+        self, marks: Sequence[tuple[bytes, str, str, str]]
     ) -> list[list[int] | None]:
-        """(mark key, handover key, failed token, next token, command ref) per command.
+        """(digest, failed token, next token, command ref) per command.
 
         Per instance, per command: 1 handed over now, 2 replay of the same
         command (redo), 3 another copy of the command, 4 already done, 0 stale;
         None for no answer.
         """
-        keys = [k for mark, by, *_ in marks for k in (mark, by)]
-        args = [self.ttl_ms, *(v for *_, failed, nxt, ref in marks for v in (failed, nxt, ref))]
+        keys = [handover_key(self.prefix, digest) for digest, *_ in marks]
+        args = [*self._layout, b"".join(digest for digest, *_ in marks),
+                *(v for _, failed, nxt, ref in marks for v in (failed, nxt, ref))]  # fmt: skip
         results = await self._on_all("handover", lambda inst: inst.handover(keys=keys, args=args))
         return [None if r is None else [int(x) for x in r] for r in results]
 
-    async def mark_done(self, handover_keys: Sequence[bytes], refs: Sequence[str]) -> None:
+    async def mark_done(self, digests: Sequence[bytes], refs: Sequence[str]) -> None:
         """Note that these commands' effects are acknowledged (see scripts.MARK_DONE)."""
-        await self._on_all(
-            "mark_done", lambda inst: inst.mark_done(keys=handover_keys, args=list(refs))
-        )
+        keys = [handover_key(self.prefix, digest) for digest in digests]
+        await self._on_all("mark_done", lambda inst: inst.mark_done(keys=keys, args=list(refs)))
 
-    async def delete(self, key: bytes) -> list[int | None]:
-        """Unconditional delete on every instance (operator release); None for no answer."""
-        return await self._on_all("delete", lambda inst: inst.client.delete(key))
+    async def delete(self, digest: bytes) -> list[int | None]:
+        """Delete the mark whoever holds it (operator release); None for no answer."""
+        args = [*self._layout, digest]
+        return await self._on_all("delete", lambda inst: inst.delete(keys=[], args=args))
 
-    async def inspect(self, key: bytes) -> list[tuple[str, str | None, int] | None]:
-        """Per instance: (name, owner or None, TTL ms; -2 when absent), or None if down."""
+    async def inspect(self, digest: bytes) -> list[MarkView | None]:
+        """Per instance, the mark and its bucket (owner None when absent); None if down."""
 
-        async def call(inst: Instance) -> tuple[str, str | None, int]:
-            owner = await inst.client.get(key)
-            ttl = await inst.client.pttl(key)
-            held = owner.decode() if isinstance(owner, bytes) else owner
-            return inst.name, held, int(ttl)
+        async def call(inst: Instance) -> MarkView:
+            found = await inst.inspect(keys=[], args=[*self._layout, digest])
+            handed = await inst.client.get(handover_key(self.prefix, digest))
+            by = handed.decode() if isinstance(handed, bytes) else handed
+            if not found:
+                return MarkView(None, -2, None, None, by)
+            owner, ttl, bucket, encoding = found
+            return MarkView(owner.decode(), int(ttl), bucket.decode(), encoding.decode(), by)
 
         return await self._on_all("inspect", call)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.ids import BadRecord, build_extractor
-from gateway.keys import DIGEST_BYTES, mark_key, owner_token, parse_source_ref, source_ref
+from gateway.keys import DIGEST_BYTES, mark_digest, owner_token, parse_source_ref, source_ref
 
 
 @dataclass
@@ -49,9 +49,9 @@ def test_bad_records_raise_with_reason(spec, rec, reason):
     assert err.value.reason == reason
 
 
-def test_mark_key_is_fixed_size_whatever_the_id_length():
-    assert len(mark_key(b"dd:", b"x" * 10_000)) == len(b"dd:") + DIGEST_BYTES
-    assert mark_key(b"dd:", b"a") != mark_key(b"dd:", b"b")
+def test_mark_digest_is_fixed_size_whatever_the_id_length():
+    assert len(mark_digest(b"x" * 10_000)) == DIGEST_BYTES
+    assert mark_digest(b"a") != mark_digest(b"b")
 
 
 def test_owner_token_is_a_63_bit_decimal_that_differs_per_record_and_attempt():

@@ -1,0 +1,137 @@
+"""The mark scripts against a real redis-server: claim, expiry by time slice,
+compare-and-delete, memory per mark, settings changes (gateway/scripts.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.config import load_settings
+from gateway.keys import mark_digest
+from gateway.metrics import Metrics
+from gateway.quorum import Quorum
+from gateway.vote import MINE
+from tests.conftest import redis_urls
+
+QuorumFactory = Callable[..., Quorum]
+
+
+@pytest.fixture
+async def quorum_on(redis_servers: Any) -> AsyncIterator[QuorumFactory]:
+    """Quorums over one fresh redis-server, with the given `[redis]` settings."""
+    (server,) = redis_servers(1)
+    made: list[Quorum] = []
+
+    def make(**redis: Any) -> Quorum:
+        settings = load_settings(redis={"nodes": redis_urls([server]), **redis})
+        made.append(Quorum(settings.redis, Metrics()))
+        return made[-1]
+
+    yield make
+    for quorum in made:
+        await quorum.close()
+
+
+def digests(prefix: str, n: int) -> list[bytes]:
+    return [mark_digest(f"{prefix}-{i}".encode()) for i in range(n)]
+
+
+async def test_a_new_id_is_claimed_a_replay_is_its_owner_and_a_copy_sees_the_owner(
+    quorum_on: QuorumFactory,
+) -> None:
+    quorum = quorum_on()
+    a, b = digests("id", 2)
+    assert await quorum.claim([a, b], ["11", "12"]) == [[MINE, MINE]]
+    assert await quorum.claim([a], ["11"]) == [[MINE]]  # the same source record again
+    assert await quorum.claim([a, b], ["21", "22"]) == [["11", "12"]]
+    # Two copies in one batch: the first claims, the second sees it.
+    c = mark_digest(b"id-c")
+    assert await quorum.claim([c, c], ["31", "32"]) == [[MINE, "31"]]
+
+
+async def test_a_mark_lives_at_least_the_ttl_across_slices_then_expires(
+    quorum_on: QuorumFactory,
+) -> None:
+    quorum = quorum_on(ttl="2s")  # slices of 1 s: the mark lives 2 to 3 s
+    (mark,) = digests("expiring", 1)
+    claimed_at = time.monotonic()
+    assert await quorum.claim([mark], ["7"]) == [[MINE]]
+    filler = iter(digests("filler", 1000))
+    seen_after: list[float] = []
+    while (elapsed := time.monotonic() - claimed_at) < 4:
+        # Other claims keep opening new slices while time passes.
+        await quorum.claim([next(filler)], ["8"])
+        (view,) = await quorum.inspect(mark)
+        assert view is not None
+        if view.owner == "7":
+            seen_after.append(time.monotonic() - claimed_at)
+        else:
+            assert elapsed >= 2, f"the mark vanished {elapsed:.2f}s after its claim"
+        await asyncio.sleep(0.1)  # time passing is what is under test
+    assert seen_after and max(seen_after) > 1.5, "the mark was not found in a later slice"
+    assert max(seen_after) < 3.2, "the mark outlived ttl + one slice"
+    assert await quorum.claim([mark], ["9"]) == [[MINE]]  # expired: new again
+
+
+async def test_release_deletes_only_where_the_presented_token_holds(
+    quorum_on: QuorumFactory,
+) -> None:
+    quorum = quorum_on()
+    a, b = digests("rel", 2)
+    await quorum.claim([a, b], ["1", "2"])
+    assert await quorum.release([a, b], ["1", "999"]) == [[1, 0]]
+    assert await quorum.claim([a, b], ["3", "4"]) == [[MINE, "2"]]
+
+
+async def test_a_handover_moves_the_mark_and_a_second_copy_of_the_command_does_nothing(
+    quorum_on: QuorumFactory,
+) -> None:
+    quorum = quorum_on()
+    (mark,) = digests("hand", 1)
+    await quorum.claim([mark], ["1"])
+    assert await quorum.handover([(mark, "1", "2", "failures/0/5")]) == [[1]]
+    assert await quorum.handover([(mark, "1", "2", "failures/0/5")]) == [[2]]  # crash replay
+    assert await quorum.handover([(mark, "1", "2", "failures/1/9")]) == [[3]]  # another copy
+    await quorum.mark_done([mark], ["failures/0/5"])
+    assert await quorum.handover([(mark, "1", "2", "failures/0/5")]) == [[4]]
+    assert await quorum.handover([(mark, "77", "78", "failures/0/6")]) == [[0]]  # stale
+    assert await quorum.claim([mark], ["5"]) == [["2"]]
+
+
+async def test_changing_ttl_or_bucket_count_keeps_the_marks_already_claimed(
+    quorum_on: QuorumFactory,
+) -> None:
+    ids = digests("kept", 50)
+    assert await quorum_on(ttl="24h").claim(ids, ["1"] * 50) == [[MINE] * 50]
+    assert await quorum_on(ttl="12h").claim(ids, ["2"] * 50) == [["1"] * 50]
+    # Each slice keeps the bucket count it opened with.
+    assert await quorum_on(ttl="24h", buckets=7).claim(ids, ["3"] * 50) == [["1"] * 50]
+
+
+async def test_a_mark_costs_a_fraction_of_a_key_per_id_and_big_buckets_still_work(
+    quorum_on: QuorumFactory,
+) -> None:
+    quorum = quorum_on(buckets=64)  # ~300 marks per bucket: compact listpacks
+    redis: aioredis.Redis = quorum.instances[0].client
+    ids = digests("mem", 20_000)
+    before = (await redis.info("memory"))["used_memory"]
+    for start in range(0, len(ids), 2000):
+        batch = ids[start : start + 2000]
+        assert await quorum.claim(batch, [str(start + 1)] * len(batch)) == [[MINE] * len(batch)]
+    per_mark = ((await redis.info("memory"))["used_memory"] - before) / len(ids)
+    # A key per mark costs ~135 bytes on Redis 7.0 (see gateway/keys.py).
+    assert per_mark < 50, f"{per_mark:.1f} bytes per mark"
+    (view,) = await quorum.inspect(ids[0])
+    assert view is not None and view.encoding == "listpack" and view.owner == "1"
+
+    crowded = quorum_on(key_prefix="big:", buckets=1)  # one bucket past listpack size
+    many = digests("crowded", 3000)
+    assert await crowded.claim(many, ["1"] * 3000) == [[MINE] * 3000]
+    assert await crowded.claim(many, ["2"] * 3000) == [["1"] * 3000]
+    (view,) = await crowded.inspect(many[-1])
+    assert view is not None and view.encoding == "hashtable" and view.owner == "1"
