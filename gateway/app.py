@@ -63,7 +63,9 @@ def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:
         **kafka_client_options(kafka),
         acks="all",
         enable_idempotence=kafka.producer_idempotence,
-        linger_ms=2,
+        # The sink hands over whole per-partition batches; lingering only adds
+        # latency (measured: p50 end to end roughly halved without it).
+        linger_ms=0,
         max_batch_size=1_000_000,
         max_request_size=1_048_576,
     )

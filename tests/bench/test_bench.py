@@ -1,0 +1,63 @@
+"""The benchmark's own correctness, not its speed: a small run of every variant
+on a real local stack must forward and drop exactly what the generated traffic
+implies, and write its JSON, chart and table; the report pairs ratios by round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import report, run
+from bench.measure import ThroughputRun
+from bench.variants import VARIANTS
+
+
+def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEDUP_STATE_DIR", str(tmp_path / "state"))
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Benchmark results\n\nkept text\n")
+    code = run.main([
+        "--records", "2000", "--naive-records", "300", "--shares", "0", "0.5",
+        "--rounds", "1", "--latency-seconds", "2", "--warmup-seconds", "0.5",
+        "--out", str(tmp_path / "out"), "--results-md", str(results_md),
+    ])  # fmt: skip
+    assert code == 0  # 1 when any run's counts differ from the traffic
+
+    written = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = written["runs"]
+    assert {(r["variant"], r["share"]) for r in runs} == {
+        (v.name, share) for v in VARIANTS for share in (0.0, 0.5)
+    }
+    for r in runs:
+        assert r["correct"], r
+        assert r["forwarded"] + r["duplicates"] == r["records"]
+        if r["share"] == 0.5 and r["variant"] != "forwarder":
+            assert r["duplicates"] > 0.3 * r["records"], r
+    assert {lat["variant"] for lat in written["latency"]} == {v.name for v in VARIANTS}
+    assert all(lat["correct"] and lat["samples"] > 0 for lat in written["latency"])
+    assert (tmp_path / "out" / "results.png").stat().st_size > 10_000
+    text = results_md.read_text()
+    assert "kept text" in text and "| gateway-3 / forwarder |" in text
+
+
+def _run(variant: str, round_no: int, seconds: float) -> ThroughputRun:
+    return ThroughputRun(
+        variant=variant, share=0.2, round=round_no, records=1000, seconds=seconds,
+        gateway_cpu_s=1, redis_cpu_s=1, broker_cpu_s=1, forwarded=800, duplicates=200,
+        expected_forwarded=800, expected_duplicates=200,
+    )  # fmt: skip
+
+
+def test_ratios_compare_runs_of_the_same_round_and_quote_the_median() -> None:
+    # Round 2 ran on a slower machine moment for both: its ratio is still 0.5.
+    runs = [_run("forwarder", 1, 1.0), _run("gateway-3", 1, 2.0),
+            _run("forwarder", 2, 4.0), _run("gateway-3", 2, 8.0),
+            _run("forwarder", 3, 1.0), _run("gateway-3", 3, 4.0)]  # fmt: skip
+    results = report.Results(runs=runs, latencies=[], options={})
+    assert results.ratio("gateway-3", "forwarder", 0.2) == 0.5
+    (target,) = [t for t in results.targets() if t["target"] == "gateway-3 / forwarder"]
+    assert target["measured"] == 0.5 and target["met"] is False
