@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.variants import Variant, build_gateway
 from gateway.app import Gateway
-from gateway.config import Settings, load_settings
+from gateway.config import Settings, load_settings, parse_duration
 from gateway.localstack import LocalStack
 from gateway.topics import create_topics
 from gateway.traffic import Traffic
@@ -243,6 +244,26 @@ class _Recorder:
             self.samples_ms.append(seconds * 1000)
 
 
+async def _offer_load(
+    stack: LocalStack, raw: str, rate: float, seconds: float, share: float, value_size: int
+) -> tuple[dict[str, int], float]:
+    """Run the load generator against `raw`; what it produced and how busy the machine was."""
+    busy0, total0 = machine_cpu()
+    loader = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.loader", "--bootstrap", stack.bootstrap, "--topic", raw,
+        "--rate", str(rate), "--seconds", str(seconds), "--duplicates", str(share),
+        "--value-size", str(value_size),
+        stdout=asyncio.subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    out, _ = await loader.communicate()
+    busy1, total1 = machine_cpu()
+    if loader.returncode != 0:
+        raise RuntimeError(f"the load generator failed with exit code {loader.returncode}")
+    produced: dict[str, int] = json.loads(out)
+    return produced, (busy1 - busy0) / (total1 - total0)
+
+
 async def latency(
     stack: LocalStack, variant: Variant, rate: float, seconds: float, warmup: float,
     share: float, value_size: int,
@@ -260,19 +281,7 @@ async def latency(
     try:
         await _until(gateway, task, lambda: gateway.readiness()[0])
         recorder.from_time = time.monotonic() + warmup
-        busy0, total0 = machine_cpu()
-        loader = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.loader", "--bootstrap", stack.bootstrap, "--topic", raw,
-            "--rate", str(rate), "--seconds", str(seconds), "--duplicates", str(share),
-            "--value-size", str(value_size),
-            stdout=asyncio.subprocess.PIPE, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
-        out, _ = await loader.communicate()
-        busy1, total1 = machine_cpu()
-        if loader.returncode != 0:
-            raise RuntimeError(f"the load generator failed with exit code {loader.returncode}")
-        produced = json.loads(out)
+        produced, busy = await _offer_load(stack, raw, rate, seconds, share, value_size)
         await asyncio.wait_for(
             _until(gateway, task, lambda: gateway.metrics.handled() >= produced["produced"]), 60
         )
@@ -284,6 +293,51 @@ async def latency(
         variant=variant.name, offered_rate=rate, produced=produced["produced"],
         forwarded=int(gateway.metrics.forwarded._value.get()),
         expected_forwarded=produced["produced"] if not variant.dedup else produced["unique"],
-        machine_busy=(busy1 - busy0) / (total1 - total0),
-        samples_ms=recorder.samples_ms,
+        machine_busy=busy, samples_ms=recorder.samples_ms,
+    )  # fmt: skip
+
+
+FLOOR = "broker-floor"
+
+
+async def floor_latency(
+    stack: LocalStack, rate: float, seconds: float, warmup: float, share: float, value_size: int
+) -> LatencyRun:
+    """The same load read by a bare consumer (no vote, no produce, no commit).
+
+    Raw CreateTime to the record in the consumer's hands: what the broker, the
+    load generator and the client cost before the gateway does anything.
+    """
+    raw = f"latency-raw-{FLOOR}"
+    await create_topics(stack.bootstrap, {raw: 4})
+    consumer = AIOKafkaConsumer(
+        raw, bootstrap_servers=stack.bootstrap, auto_offset_reset="earliest",
+        fetch_max_wait_ms=int(parse_duration(FETCH_MAX_WAIT).total_seconds() * 1000),
+    )  # fmt: skip
+    await consumer.start()
+    samples: list[float] = []
+    seen = 0
+    load = asyncio.create_task(_offer_load(stack, raw, rate, seconds, share, value_size))
+    from_time = time.monotonic() + warmup
+    deadline = from_time + seconds + 60
+    try:
+        while not load.done() or seen < load.result()[0]["produced"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{FLOOR}: {seen} records read, the loader produced more")
+            batch = await consumer.getmany(timeout_ms=100)
+            now_ms = time.time() * 1000
+            counted = time.monotonic() >= from_time
+            for records in batch.values():
+                seen += len(records)
+                if counted:
+                    samples.extend(now_ms - r.timestamp for r in records)
+        produced, busy = load.result()
+    finally:
+        await consumer.stop()
+        if not load.done():
+            load.cancel()
+    await delete_topics(stack.bootstrap, [raw])
+    return LatencyRun(
+        variant=FLOOR, offered_rate=rate, produced=produced["produced"], forwarded=seen,
+        expected_forwarded=produced["produced"], machine_busy=busy, samples_ms=samples,
     )  # fmt: skip

@@ -6,7 +6,9 @@
 3. Rounds: in each, every variant reads every share's topic once; the order
    of variants rotates from round to round, so no variant always runs first
    or last. Ratios compare runs of the same round.
-4. Latency: each variant at half of its median maximum (20% duplicates).
+4. Latency: each variant at half of its median maximum (20% duplicates), and
+   `broker-floor`: gateway-3's load read by a bare consumer, the part of the
+   latency that is the broker's, the load generator's and the client's.
 5. Write JSON, a PNG chart and the table in `bench/RESULTS.md`.
 """
 
@@ -30,7 +32,15 @@ from rich.progress import (
 )
 
 from bench import report
-from bench.measure import LatencyRun, PreparedTopic, ThroughputRun, latency, throughput
+from bench.measure import (
+    FLOOR,
+    LatencyRun,
+    PreparedTopic,
+    ThroughputRun,
+    floor_latency,
+    latency,
+    throughput,
+)
 from bench.variants import VARIANTS, Variant
 from gateway.config import load_settings
 from gateway.localstack import LocalStack, default_state_dir
@@ -122,6 +132,15 @@ async def bench(opts: Options) -> report.Results:
                             share, opts.value_size,
                         )
                     )  # fmt: skip
+            # The floor: the target variant's load, read by a bare consumer.
+            target = next((r for r in latencies if r.variant == "gateway-3"), latencies[-1])
+            with console.status(f"latency: {FLOOR} at {target.offered_rate:,.0f} records/s"):
+                latencies.append(
+                    await floor_latency(
+                        stack, target.offered_rate, opts.latency_seconds, opts.warmup_seconds,
+                        share, opts.value_size,
+                    )
+                )  # fmt: skip
     return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts))
 
 

@@ -5,8 +5,10 @@ the group). run: fetch a batch, process it under the batch lock, commit.
 stop (the stop event, e.g. SIGTERM): stop fetching, finish the batch in
 hand, commit it, leave the group, flush and close; teardown runs in reverse.
 
-A rebalance waits on the batch lock (`on_partitions_revoked`), so a revoked
-partition's in-flight batch is forwarded and committed before it moves.
+Two batches are in flight at most: one being voted on, the one before it
+being forwarded (`Gateway._loop`). A rebalance waits on the batch lock and
+drains (`on_partitions_revoked`), so a revoked partition's in-flight batches
+are forwarded and committed before it moves.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gateway.config import KafkaSettings, Settings, redacted
 from gateway.failures import FailureLoop, RawFetcher
 from gateway.health import HealthServer
 from gateway.metrics import Metrics
-from gateway.pipeline import BatchResult, Pipeline
+from gateway.pipeline import BatchResult, Decided, Pipeline
 from gateway.quorum import Quorum
 from gateway.sink import Sink
 
@@ -92,6 +94,7 @@ class Gateway:
         self.blocked: dict[TopicPartition, _Backoff] = {}
         self.batches = 0
         self._lag_due = 0.0
+        self._finishing: asyncio.Task[None] | None = None  # the batch being forwarded
 
     def readiness(self) -> tuple[bool, str]:
         if not self.quorum.healthy:
@@ -159,23 +162,56 @@ class Gateway:
     async def _loop(
         self, consumer: AIOKafkaConsumer, pipeline: Pipeline, stop: asyncio.Event
     ) -> None:
+        """Fetch, vote, forward, commit; two batches in flight at most.
+
+        Batch k+1 is voted on while batch k is still being acknowledged by the
+        broker (the Redis round trip overlaps the Kafka one); batches are
+        forwarded and committed strictly in fetch order, and a batch's offsets
+        are committed only after its records were acknowledged.
+        """
         max_records = self.settings.kafka.max_batch_records
-        while not stop.is_set():
-            self._resume_due(consumer)
-            batch = await consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=max_records)
-            self.metrics.ready.set(1 if self.readiness()[0] else 0)
-            if not batch:
+        try:
+            while not stop.is_set():
+                self._resume_due(consumer)
+                batch = await consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=max_records)
+                self.metrics.ready.set(1 if self.readiness()[0] else 0)
+                if not batch:
+                    await self.drain()
+                    await self._update_lag(consumer)
+                    continue
+                started = time.perf_counter()
+                async with self.batch_lock:
+                    decided = await pipeline.decide(batch)
+                    # Block before the next fetch, so it brings nothing past a block.
+                    self._block(consumer, decided.result, batch.keys())
+                    await self.drain()
+                    size = sum(len(r) for r in batch.values())
+                    self._finishing = asyncio.create_task(
+                        self._finish(consumer, pipeline, decided, started, size)
+                    )
                 await self._update_lag(consumer)
-                continue
-            started = time.perf_counter()
-            async with self.batch_lock:
-                result = await pipeline.process(batch)
-                self._block(consumer, result, batch.keys())
-                await self._commit(consumer, result)
-            self.batches += 1
-            self.metrics.batch_seconds.observe(time.perf_counter() - started)
-            self.metrics.batch_records.observe(sum(len(r) for r in batch.values()))
-            await self._update_lag(consumer)
+        finally:
+            await self.drain()
+
+    async def drain(self) -> None:
+        """Wait until the batch being forwarded is acknowledged and committed."""
+        if self._finishing is not None:
+            finishing, self._finishing = self._finishing, None
+            await finishing
+
+    async def _finish(
+        self,
+        consumer: AIOKafkaConsumer,
+        pipeline: Pipeline,
+        decided: Decided,
+        started: float,
+        size: int,
+    ) -> None:
+        result = await pipeline.finish(decided)
+        await self._commit(consumer, result)
+        self.batches += 1
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self.metrics.batch_records.observe(size)
 
     async def _commit(self, consumer: AIOKafkaConsumer, result: BatchResult) -> None:
         if not result.commits:
@@ -243,9 +279,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.gateway = gateway
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # Wait for the batch in hand: it is forwarded and committed before the
-        # partitions move, so the next owner neither loses nor repeats it.
+        # Wait for the batches in hand: they are forwarded and committed before
+        # the partitions move, so the next owner neither loses nor repeats them.
         async with self.gateway.batch_lock:
+            await self.gateway.drain()
             self.gateway.forget(revoked)
         if revoked:
             logger.info("partitions revoked: %s", sorted(map(str, revoked)))

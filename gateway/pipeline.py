@@ -54,6 +54,15 @@ class BatchResult:
     quarantined: int = 0
 
 
+@dataclass
+class Decided:
+    """A voted batch, not yet forwarded."""
+
+    result: BatchResult
+    forward: list[OutRecord]
+    quarantine: list[OutRecord]
+
+
 def clean_headers(
     record: Record, message_id: bytes, token: str, extra: Sequence[tuple[str, bytes]] = ()
 ) -> list[tuple[str, bytes]]:
@@ -79,8 +88,11 @@ class Pipeline:
         self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
         self.policy = settings.dedup.on_no_quorum
 
-    async def process(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> BatchResult:
-        """Vote on, forward and acknowledge one fetched batch; return what to commit."""
+    async def decide(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> Decided:
+        """Extract ids and vote: what to forward, set aside, commit and block.
+
+        Claims the batch's marks; forwards nothing yet (see `finish`).
+        """
         result = BatchResult()
         claims: list[Claim] = []
         judged: dict[TopicPartition, list[Claim | BadRecord]] = {}  # aligned with `batch`
@@ -131,12 +143,16 @@ class Pipeline:
             if next_offset is not None:
                 result.commits[tp] = next_offset
 
-        await self.deliver(self.settings.kafka.clean_topic, forward)
-        self._observe_latency(forward)
-        await self.deliver(self.settings.kafka.quarantine_topic, quarantine)
-        self.metrics.forwarded.inc(result.forwarded)
-        self.metrics.duplicates.inc(result.duplicates)
-        return result
+        return Decided(result, forward, quarantine)
+
+    async def finish(self, decided: Decided) -> BatchResult:
+        """Forward a decided batch and wait for the broker's acknowledgements."""
+        await self.deliver(self.settings.kafka.clean_topic, decided.forward)
+        self._observe_latency(decided.forward)
+        await self.deliver(self.settings.kafka.quarantine_topic, decided.quarantine)
+        self.metrics.forwarded.inc(decided.result.forwarded)
+        self.metrics.duplicates.inc(decided.result.duplicates)
+        return decided.result
 
     async def vote(self, claims: Sequence[Claim]) -> list[Outcome]:
         """Claim every mark on every instance (one call each), decide, repair minorities."""
