@@ -289,7 +289,7 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
              if (value := results.bytes_per_mark(name)) is not None]  # fmt: skip
     lines += [
         "",
-        "**Redis memory per mark** (`used_memory` growth / keys, per instance, median): "
+        "**Redis memory per mark** (`used_memory` growth / distinct ids, per instance, median): "
         + ", ".join(f"{name} {_fmt(value, 1)} B" for name, value in marks),
         "",
         f"![benchmark chart]({os.path.relpath(png, md_path.parent)})",

@@ -18,19 +18,23 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from gateway import scripts
-from gateway.config import RedisSettings, redacted
+from gateway.config import ConfigError, RedisSettings, redacted
 from gateway.keys import handover_key
 from gateway.metrics import Metrics
 from gateway.vote import Reply
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class CredentialsRefused(ConfigError):
+    """A Redis instance refused the user/password of its URL: a setting to fix, not an outage."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Instance:
     inspect: Any
     delete: Any
     up: bool = False
+    refused: str | None = None  # the server's answer when it refused our credentials
 
 
 class Quorum:
@@ -105,9 +110,19 @@ class Quorum:
         return sum(i.up for i in self.instances) >= self.majority
 
     async def wait_for_majority(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
-        """Return once a majority answers PING; name every instance that does not."""
+        """Return once a majority answers PING; name every instance that does not.
+
+        Raises `CredentialsRefused` when any instance refuses the URL's credentials.
+        """
         while not stop.is_set():
             replies = await self._on_all("ping", lambda inst: inst.client.ping())
+            refused = [f"{inst.name} ({inst.refused})" for inst in self.instances if inst.refused]
+            if refused:
+                raise CredentialsRefused(
+                    "redis.nodes: credentials refused by "
+                    + ", ".join(refused)
+                    + "; check the user and password in these URLs"
+                )
             down = [inst.name for inst, ok in zip(self.instances, replies, strict=True) if not ok]
             if sum(1 for ok in replies if ok) >= self.majority:
                 if down:
@@ -212,6 +227,10 @@ class Quorum:
         except (TimeoutError, RedisTimeoutError):
             self._failed(inst, "timeout", f"no answer within {self.timeout}s")
             return None
+        except AuthenticationError as exc:  # before its base class, ConnectionError
+            inst.refused = str(exc)
+            self._failed(inst, "auth", str(exc))
+            return None
         except RedisConnectionError as exc:
             self._failed(inst, "connection", str(exc))
             return None
@@ -226,6 +245,7 @@ class Quorum:
         )
         if not inst.up:
             logger.info("Redis instance %s answers", inst.name)
+        inst.refused = None
         self._set_up(inst, True)
         return result
 

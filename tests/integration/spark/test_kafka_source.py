@@ -157,3 +157,30 @@ def test_restart_replays_an_unfinished_batch_and_then_continues(spark, broker, n
     replayed = [r for _, rows in second for r in rows]
     # batch 0 (6 records) was committed before the crash: the rest came exactly once.
     assert len(replayed) == 14 and len(set(coords(replayed))) == 14
+
+
+def test_partitions_that_appear_while_running_are_read_from_their_beginning(
+    spark, broker, names, tmp_path
+):
+    """Tansu cannot add partitions to a topic (no CreatePartitions), so the new
+    partitions here are those of a subscribed topic created between two runs:
+    the same path (partitions missing from the checkpoint start at offset 0)."""
+    first_topic, later_topic = names("src-first"), names("src-later")
+    asyncio.run(create_topics(broker, {first_topic: 2}))
+    produce(broker, first_topic, [order(n, partitions=2) for n in range(6)])
+    checkpoint = tmp_path / "ck"
+    both = f"{first_topic},{later_topic}"
+    first = run_available_now(spark, source(spark, broker, both), checkpoint)
+    assert {(r.topic, r.key) for _, rows in first for r in rows} == {
+        (first_topic, f"o-{n}".encode()) for n in range(6)
+    }
+
+    asyncio.run(create_topics(broker, {later_topic: 3}))
+    produce(broker, later_topic, [order(n, partitions=3) for n in range(6, 15)])
+    produce(broker, first_topic, [order(n, partitions=2) for n in range(15, 17)])
+    second = run_available_now(spark, source(spark, broker, both), checkpoint)
+    rows = [r for _, batch in second for r in batch]
+    assert sorted((r.topic, r.partition, r.offset) for r in rows if r.topic == later_topic) == [
+        (later_topic, p, o) for p in range(3) for o in range(3)
+    ]
+    assert sorted(r.key for r in rows) == sorted(f"o-{n}".encode() for n in range(6, 17))
