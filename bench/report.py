@@ -190,7 +190,7 @@ def chart(results: Results, path: Path) -> None:
         right.bar([x + 0.2 for x in xs], [r.percentile(99) for r in results.latencies], 0.4,
                   label="p99")  # fmt: skip
         right.axhline(25, color="red", linestyle="--", linewidth=1, label="p99 target 25 ms")
-        right.set_xticks(xs, lat_names)
+        right.set_xticks(xs, lat_names, rotation=20, ha="right")
         right.set_ylabel("ms, raw append to clean ack")
         right.set_title("End-to-end latency at half of each variant's maximum")
         right.legend()
