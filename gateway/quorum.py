@@ -60,6 +60,7 @@ class Instance:
     inspect: Any
     delete: Any
     up: bool = False
+    last_error: str | None = None  # why the last call failed, for the start-up log
     refused: str | None = None  # the server's answer when it refused our credentials
 
 
@@ -123,7 +124,11 @@ class Quorum:
                     + ", ".join(refused)
                     + "; check the user and password in these URLs"
                 )
-            down = [inst.name for inst, ok in zip(self.instances, replies, strict=True) if not ok]
+            down = [
+                f"{inst.name} ({inst.last_error})"
+                for inst, ok in zip(self.instances, replies, strict=True)
+                if not ok
+            ]
             if sum(1 for ok in replies if ok) >= self.majority:
                 if down:
                     logger.warning("serving with Redis instances unreachable: %s", ", ".join(down))
@@ -251,6 +256,7 @@ class Quorum:
 
     def _failed(self, inst: Instance, kind: str, detail: str) -> None:
         self.metrics.redis_errors.labels(inst.name, kind).inc()
+        inst.last_error = f"{kind}: {detail}"
         if inst.up:
             logger.warning("Redis instance %s failed (%s): %s", inst.name, kind, detail)
         self._set_up(inst, False)
