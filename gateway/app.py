@@ -65,8 +65,8 @@ def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:
         **kafka_client_options(kafka),
         acks="all",
         enable_idempotence=kafka.producer_idempotence,
-        # The sink hands over whole per-partition batches; lingering only adds
-        # latency (measured: p50 end to end roughly halved without it).
+        # The sink hands over whole per-partition batches: lingering could only
+        # add latency, never batch more (bench/RESULTS.md, latency).
         linger_ms=0,
         max_batch_size=1_000_000,
         max_request_size=1_048_576,

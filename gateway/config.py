@@ -99,7 +99,7 @@ class RedisSettings(_Section):
     key_prefix: str = Field(default="dd:", max_length=32)
     # Hash buckets per time slice that marks are spread over (gateway/keys.py):
     # aim for a few hundred marks per bucket at most, i.e. about
-    # distinct ids per ttl / 2 / 300. More only costs ~200 bytes per bucket.
+    # distinct ids per ttl / 2 / 300. Each live bucket costs about one Redis key.
     buckets: int = Field(default=16_384, ge=1, le=2**24)
     # Per-instance bound on one script call; a slower instance counts as no answer.
     timeout: Duration = timedelta(milliseconds=500)

@@ -15,9 +15,10 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
   BLAKE2b of `topic/partition/offset/attempt`, in decimal, which a hash stores
   as an 8-byte integer. A replay of the same source record computes the same
   token, so it is recognised as the owner instead of being dropped.
-- Why buckets: a key per mark costs ~135-155 bytes in Redis (two dict entries,
-  the key, the value object, the expiry entry); a small hash stores a field
-  and its value in a listpack for ~25 bytes. Redis 7.0 has no per-field TTL,
+- Why buckets: a key per mark costs ~140 bytes in Redis (two dict entries,
+  the key, the value object, the expiry entry; bench/RESULTS.md, naive-3); a
+  small hash stores a field and its value in a listpack, under 45 bytes per
+  mark with the hash's own share (tests/integration/test_marks.py). Redis 7.0 has no per-field TTL,
   so marks are grouped by time instead: each instance cuts its own clock into
   slices of ttl/SLICES_BACK; a slice's buckets expire `ttl` after the slice
   ends, so a mark lives between ttl and ttl*(1 + 1/SLICES_BACK). A lookup
@@ -28,7 +29,7 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
   changed setting takes effect at the next slice and hides no live mark.
   Redis keeps a hash compact up to `hash-max-listpack-entries` fields (512 by
   default); past that a bucket turns into a hash table: still correct, at
-  ~90 bytes per mark. docs/operations.md sizes `buckets`.
+  60-110 bytes per mark. docs/operations.md sizes `buckets`.
 """
 
 from __future__ import annotations

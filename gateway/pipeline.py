@@ -167,7 +167,7 @@ class Pipeline:
         rows: list[tuple[Reply, ...]] = list(zip(*replies, strict=True))
         all_mine = (MINE,) * len(replies)
         for claim, row in zip(claims, rows, strict=True):
-            if row == all_mine:  # the common case: new everywhere (or our own replay)
+            if row == all_mine:  # the common case (new everywhere, or our replay): no counting
                 outcomes.append(Outcome.FORWARD)
                 continue
             decision = decide(claim.owner, row, quorum)

@@ -43,7 +43,6 @@ class MarkView:
 
     owner: str | None  # None: no live mark
     ttl_ms: int  # of the bucket holding it; -2 when absent
-    bucket: str | None
     encoding: str | None  # "listpack" while the bucket is compact
     handed_over_by: str | None  # the failure command that last handed it over
 
@@ -60,8 +59,7 @@ class Instance:
     inspect: Any
     delete: Any
     up: bool = False
-    last_error: str | None = None  # why the last call failed, for the start-up log
-    refused: str | None = None  # the server's answer when it refused our credentials
+    failure: tuple[str, str] | None = None  # (kind, detail) of the last call, if it failed
 
 
 class Quorum:
@@ -116,20 +114,19 @@ class Quorum:
         Raises `CredentialsRefused` when any instance refuses the URL's credentials.
         """
         while not stop.is_set():
-            replies = await self._on_all("ping", lambda inst: inst.client.ping())
-            refused = [f"{inst.name} ({inst.refused})" for inst in self.instances if inst.refused]
+            await self._on_all("ping", lambda inst: inst.client.ping())
+            # After the round, `failure` is set exactly on the instances that did not answer.
+            failed = {inst.name: inst.failure for inst in self.instances if inst.failure}
+            refused = [f"{name} ({detail})" for name, (kind, detail) in failed.items()
+                       if kind == "auth"]  # fmt: skip
             if refused:
                 raise CredentialsRefused(
                     "redis.nodes: credentials refused by "
                     + ", ".join(refused)
                     + "; check the user and password in these URLs"
                 )
-            down = [
-                f"{inst.name} ({inst.last_error})"
-                for inst, ok in zip(self.instances, replies, strict=True)
-                if not ok
-            ]
-            if sum(1 for ok in replies if ok) >= self.majority:
+            down = [f"{name} ({kind}: {detail})" for name, (kind, detail) in failed.items()]
+            if self.size - len(failed) >= self.majority:
                 if down:
                     logger.warning("serving with Redis instances unreachable: %s", ", ".join(down))
                 return
@@ -212,9 +209,9 @@ class Quorum:
             handed = await inst.client.get(handover_key(self.prefix, digest))
             by = handed.decode() if isinstance(handed, bytes) else handed
             if not found:
-                return MarkView(None, -2, None, None, by)
-            owner, ttl, bucket, encoding = found
-            return MarkView(owner.decode(), int(ttl), bucket.decode(), encoding.decode(), by)
+                return MarkView(None, -2, None, by)
+            owner, ttl, encoding = found
+            return MarkView(owner.decode(), int(ttl), encoding.decode(), by)
 
         return await self._on_all("inspect", call)
 
@@ -233,7 +230,6 @@ class Quorum:
             self._failed(inst, "timeout", f"no answer within {self.timeout}s")
             return None
         except AuthenticationError as exc:  # before its base class, ConnectionError
-            inst.refused = str(exc)
             self._failed(inst, "auth", str(exc))
             return None
         except RedisConnectionError as exc:
@@ -250,13 +246,13 @@ class Quorum:
         )
         if not inst.up:
             logger.info("Redis instance %s answers", inst.name)
-        inst.refused = None
+        inst.failure = None
         self._set_up(inst, True)
         return result
 
     def _failed(self, inst: Instance, kind: str, detail: str) -> None:
         self.metrics.redis_errors.labels(inst.name, kind).inc()
-        inst.last_error = f"{kind}: {detail}"
+        inst.failure = (kind, detail)
         if inst.up:
             logger.warning("Redis instance %s failed (%s): %s", inst.name, kind, detail)
         self._set_up(inst, False)

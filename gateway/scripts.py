@@ -208,14 +208,14 @@ end
 return #KEYS
 """
 
-# One digest's mark, for the operator: {owner, bucket TTL in ms, bucket,
-# bucket encoding}, or {} when no live mark holds it. ARGV[5]: the digest.
+# One digest's mark, for the operator: {owner, bucket TTL in ms, bucket
+# encoding}, or {} when no live mark holds it. ARGV[5]: the digest.
 INSPECT = (
     PRELUDE
     + """
 local bucket, held = find(live_slices(), ARGV[5])
 if not held then return {} end
-return {held, redis.call('PTTL', bucket), bucket, redis.call('OBJECT', 'ENCODING', bucket)}
+return {held, redis.call('PTTL', bucket), redis.call('OBJECT', 'ENCODING', bucket)}
 """
 )
 
