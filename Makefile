@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck format bench clean
+.PHONY: setup demo test lint typecheck format bench spark-pack chaos chaos-ci clean
 
 $(STAMP): pyproject.toml scripts/setup.sh scripts/setup-ops.sh
 	bash scripts/setup.sh $(VENV)
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml scripts/setup.sh scripts/setup-ops.sh
 setup: $(STAMP)
 
 demo: $(STAMP)  ## the main job on the embedded local stack
-	$(VENV)/bin/dedup-gateway demo $(ARGS)
+	$(PY) -m devtools.demo $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
@@ -30,6 +30,17 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench $(ARGS)
+
+spark-pack: $(STAMP)  ## dist/spark-env.tar.gz for spark-submit --archives (docs/operations.md)
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/pack-spark-env.sh $(ARGS)
+
+SEED ?= 1
+MINUTES ?= 10
+chaos-ci: $(STAMP)  ## the two CI-size seeded schedules (tests/chaos/test_chaos.py)
+	$(PY) -m pytest -m chaos_schedule tests/chaos $(ARGS)
+
+chaos: $(STAMP)  ## seeded fault schedules, one after another: make chaos SEED=7 MINUTES=30
+	$(PY) -m devtools.chaos --seed $(SEED) --minutes $(MINUTES) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .state .pytest_cache

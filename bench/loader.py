@@ -17,7 +17,7 @@ import time
 
 from confluent_kafka import Producer
 
-from gateway.traffic import order_value
+from devtools.traffic import order_value
 
 TICK_S = 0.005  # produce in 5 ms slices: the pacing error stays far below the 25 ms target
 

@@ -1,25 +1,28 @@
 """One measured run of one variant: throughput on a pre-filled topic, or latency
 under a fixed offered load.
 
-Throughput: the gateway reads a raw topic that was filled before it started
+Throughput: the variant reads a raw topic that was filled before it started
 (so no load generator competes with it), and the clock runs from the first
 fetched batch to the last handled record, which excludes the group join.
-CPU: the benchmark process's own CPU time over the same window (it runs the
-gateway; the progress display polls at 20 Hz), the Redis instances'
-`used_cpu_user + used_cpu_sys` and the broker's from /proc. Memory per mark:
-each instance's `used_memory` growth over the run divided by the distinct ids
-(each instance holds one mark per id), after a FLUSHALL at the start.
+CPU: for in-process variants the benchmark process's own CPU time over the
+same window (it runs the variant; the progress display polls too, the same
+for every in-process variant), for process variants their process tree's;
+the Redis instances' `used_cpu_user + used_cpu_sys` and the broker's from
+/proc. Memory per mark: each instance's `used_memory` growth over the run
+divided by the distinct ids (each instance holds one mark per id), after a
+FLUSHALL at the start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +31,13 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.variants import Variant, build_gateway
-from gateway.app import Gateway
+from bench.processes import GatewayProcesses, process_cpu, write_config
+from bench.variants import Subject, Variant, build_subject
+from devtools.localstack import LocalStack, free_port
+from devtools.topics import create_topics
+from devtools.traffic import Traffic
 from gateway.config import Settings, load_settings, parse_duration
-from gateway.localstack import LocalStack
-from gateway.topics import create_topics
-from gateway.traffic import Traffic
+from gateway.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[1]
 Progress = Callable[[int], None]
@@ -88,6 +92,7 @@ class ThroughputRun:
 @dataclass
 class LatencyRun:
     variant: str
+    load: str  # which of the common loads, e.g. "5,000/s"
     offered_rate: float
     produced: int
     forwarded: int
@@ -116,17 +121,63 @@ class LatencyRun:
 FETCH_MAX_WAIT = "5ms"
 
 
+def bench_config(
+    stack: LocalStack, variant: Variant, raw: str, clean: str, port: int = 0
+) -> dict[str, Any]:
+    """The settings of one run, as config sections."""
+    config: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": stack.bootstrap, "raw_topics": [raw], "clean_topic": clean,
+                  "group_id": f"bench-{clean}", "quarantine_topic": f"{clean}-quarantine",
+                  "failure_topic": "bench-failures", "dead_letter_topic": "bench-dead-letter",
+                  "fetch_max_wait": os.environ.get("BENCH_FETCH_MAX_WAIT", FETCH_MAX_WAIT)},
+        "redis": {"nodes": stack.redis_urls[: variant.redis]},
+        "dedup": {"enabled": variant.dedup},
+        "metrics": {"host": "127.0.0.1", "port": port},
+        "log": {"level": "ERROR"},
+    }  # fmt: skip
+    if variant.lanes:
+        del config["kafka"]["raw_topics"]
+        config["lanes"] = [
+            {"name": "urgent", "raw_topics": [urgent_topic(raw)], "priority": 1},
+            {"name": "bulk", "raw_topics": [raw], "priority": 0},
+        ]
+    return config
+
+
+def urgent_topic(raw: str) -> str:
+    """The lanes variant's high lane: an empty topic beside `raw`."""
+    return f"{raw}-urgent"
+
+
 def bench_settings(stack: LocalStack, variant: Variant, raw: str, clean: str) -> Settings:
-    return load_settings(
-        kafka={"bootstrap_servers": stack.bootstrap, "raw_topics": [raw], "clean_topic": clean,
-               "group_id": f"bench-{clean}", "quarantine_topic": f"{clean}-quarantine",
-               "failure_topic": "bench-failures", "dead_letter_topic": "bench-dead-letter",
-               "fetch_max_wait": os.environ.get("BENCH_FETCH_MAX_WAIT", FETCH_MAX_WAIT)},
-        redis={"nodes": stack.redis_urls[: variant.redis]},
-        dedup={"enabled": variant.dedup},
-        metrics={"host": "127.0.0.1", "port": 0},
-        log={"level": "ERROR"},
-    )  # fmt: skip
+    return load_settings(None, **bench_config(stack, variant, raw, clean))
+
+
+@contextlib.asynccontextmanager
+async def running(subject: Subject) -> AsyncIterator[asyncio.Task[None]]:
+    """`subject` running as a task of this event loop; stopped (drained) on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(subject.run(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def until(
+    task: asyncio.Task[None], done: Callable[[], bool], *, timeout_s: float | None = None
+) -> None:
+    """Wait until `done()` holds; raise the subject's own error if it stops first."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while not done():
+        if task.done():
+            task.result()
+            raise RuntimeError("the variant stopped before the run finished")
+        if deadline is not None and loop.time() > deadline:
+            raise TimeoutError(f"not done within {timeout_s}s")
+        await asyncio.sleep(0.01)
 
 
 async def redis_info(urls: Sequence[str]) -> list[dict[str, Any]]:
@@ -144,12 +195,6 @@ async def flush(urls: Sequence[str]) -> None:
             await client.flushall()
 
     await asyncio.gather(*(one(u) for u in urls))
-
-
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of another process (the broker), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_cpu() -> tuple[float, float]:
@@ -174,14 +219,6 @@ async def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
         await admin.close()
 
 
-async def _until(gateway: Gateway, task: asyncio.Task[None], done: Callable[[], bool]) -> None:
-    while not done():
-        if task.done():
-            task.result()  # surface the gateway's error
-            raise RuntimeError("the gateway stopped before the run finished")
-        await asyncio.sleep(0.01)
-
-
 async def throughput(
     stack: LocalStack, variant: Variant, raw: PreparedTopic, round_no: int, progress: Progress
 ) -> ThroughputRun:
@@ -191,38 +228,46 @@ async def throughput(
     await flush(urls)
     clean = f"clean-{variant.name}-{int(raw.share * 100)}-{round_no}"
     await create_topics(stack.bootstrap, {clean: 4, f"{clean}-quarantine": 1})
-    settings = bench_settings(stack, variant, raw.name, clean)
-    gateway = build_gateway(variant, settings)
+    if variant.lanes:
+        await create_topics(stack.bootstrap, {urgent_topic(raw.name): 4})
+    subject: Subject
+    cpu_of: Callable[[], float] = time.process_time
+    if variant.kind == "processes":
+        port = free_port()
+        config = write_config(
+            stack.state_dir / f"{clean}.toml", bench_config(stack, variant, raw.name, clean, port)
+        )
+        processes = GatewayProcesses(
+            config, variant.workers, port, stack.state_dir / f"{clean}.log"
+        )
+        subject, cpu_of = processes, processes.cpu_s
+    else:
+        subject = build_subject(variant, bench_settings(stack, variant, raw.name, clean))
+    counts = subject.metrics
     before = await redis_info(urls)
     total = raw.traffic.produced
-    stop = asyncio.Event()
-    task = asyncio.create_task(gateway.run(stop))
-    try:
+    async with running(subject) as task:
         # The clock starts when the first batch is in hand: the group join is not timed.
-        consumed = gateway.metrics.records_in.labels(raw.name)._value
-        await _until(gateway, task, lambda: consumed.get() > 0)
-        t0, cpu0, broker0 = time.perf_counter(), time.process_time(), process_cpu(broker_pid)
+        await until(task, lambda: counts.consumed() > 0)
+        t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
         redis0 = redis_cpu(await redis_info(urls))
 
         def finished() -> bool:
-            progress(gateway.metrics.handled())
-            return gateway.metrics.handled() >= total
+            progress(counts.handled())
+            return counts.handled() >= total
 
-        await _until(gateway, task, finished)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        await until(task, finished)
+        seconds, cpu = time.perf_counter() - t0, cpu_of() - cpu0
         broker_cpu = process_cpu(broker_pid) - broker0
         after = await redis_info(urls)
-    finally:
-        stop.set()
-        await task
     await delete_topics(stack.bootstrap, [clean, f"{clean}-quarantine"])
     expected_forwarded, expected_duplicates = raw.expected(variant)
     return ThroughputRun(
         variant=variant.name, share=raw.share, round=round_no, records=total,
         seconds=seconds, gateway_cpu_s=cpu, redis_cpu_s=redis_cpu(after) - redis0,
         broker_cpu_s=broker_cpu,
-        forwarded=int(gateway.metrics.forwarded._value.get()),
-        duplicates=int(gateway.metrics.duplicates._value.get()),
+        forwarded=counts.forwarded_total(),
+        duplicates=counts.duplicates_total(),
         expected_forwarded=expected_forwarded, expected_duplicates=expected_duplicates,
         bytes_per_mark=[
             (a["used_memory"] - b["used_memory"]) / len(raw.traffic.unique_ids)
@@ -232,7 +277,7 @@ async def throughput(
     )  # fmt: skip
 
 
-class _Recorder:
+class Recorder:
     """Stands in for the forward-latency histogram: keeps every sample, after the warm-up."""
 
     def __init__(self) -> None:
@@ -242,6 +287,20 @@ class _Recorder:
     def observe(self, seconds: float) -> None:
         if time.monotonic() >= self.from_time:
             self.samples_ms.append(seconds * 1000)
+
+
+class RecordingMetrics(Metrics):
+    """The gateway's metrics, with every forward latency kept (the product samples them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorder = Recorder()
+
+    def observe_forward_latency(self, now_ms: float, timestamps_ms: Sequence[int | None]) -> None:
+        observe = self.recorder.observe
+        for ts in timestamps_ms:
+            if ts is not None:
+                observe((now_ms - ts) / 1000)
 
 
 async def _offer_load(
@@ -265,33 +324,31 @@ async def _offer_load(
 
 
 async def latency(
-    stack: LocalStack, variant: Variant, rate: float, seconds: float, warmup: float,
+    stack: LocalStack, variant: Variant, load: str, rate: float, seconds: float, warmup: float,
     share: float, value_size: int,
 ) -> LatencyRun:  # fmt: skip
     """Offer `rate` records/s for `seconds` from a separate process; per-record latency."""
     urls = stack.redis_urls[: variant.redis]
     await flush(urls)
-    raw, clean = f"latency-raw-{variant.name}", f"latency-clean-{variant.name}"
+    tag = f"{variant.name}-{int(rate)}"
+    raw, clean = f"latency-raw-{tag}", f"latency-clean-{tag}"
     await create_topics(stack.bootstrap, {raw: 4, clean: 4, f"{clean}-quarantine": 1})
-    gateway = build_gateway(variant, bench_settings(stack, variant, raw, clean))
-    recorder = _Recorder()
-    gateway.metrics.forward_latency = recorder  # type: ignore[assignment]
-    stop = asyncio.Event()
-    task = asyncio.create_task(gateway.run(stop))
-    try:
-        await _until(gateway, task, lambda: gateway.readiness()[0])
+    if variant.lanes:
+        await create_topics(stack.bootstrap, {urgent_topic(raw): 4})
+    metrics = RecordingMetrics()
+    subject = build_subject(variant, bench_settings(stack, variant, raw, clean), metrics)
+    recorder = metrics.recorder
+    async with running(subject) as task:
+        await until(task, lambda: bool(subject.partitions()))
         recorder.from_time = time.monotonic() + warmup
         produced, busy = await _offer_load(stack, raw, rate, seconds, share, value_size)
-        await asyncio.wait_for(
-            _until(gateway, task, lambda: gateway.metrics.handled() >= produced["produced"]), 60
-        )
-    finally:
-        stop.set()
-        await task
+        # A variant slower than the load works off a backlog after it (half the
+        # forwarder's maximum is more than gateway-5 carries on two cores).
+        await until(task, lambda: metrics.handled() >= produced["produced"], timeout_s=300)
     await delete_topics(stack.bootstrap, [raw, clean, f"{clean}-quarantine"])
     return LatencyRun(
-        variant=variant.name, offered_rate=rate, produced=produced["produced"],
-        forwarded=int(gateway.metrics.forwarded._value.get()),
+        variant=variant.name, load=load, offered_rate=rate, produced=produced["produced"],
+        forwarded=metrics.forwarded_total(),
         expected_forwarded=produced["produced"] if not variant.dedup else produced["unique"],
         machine_busy=busy, samples_ms=recorder.samples_ms,
     )  # fmt: skip
@@ -301,14 +358,15 @@ FLOOR = "broker-floor"
 
 
 async def floor_latency(
-    stack: LocalStack, rate: float, seconds: float, warmup: float, share: float, value_size: int
-) -> LatencyRun:
+    stack: LocalStack, load: str, rate: float, seconds: float, warmup: float, share: float,
+    value_size: int,
+) -> LatencyRun:  # fmt: skip
     """The same load read by a bare consumer (no vote, no produce, no commit).
 
     Raw CreateTime to the record in the consumer's hands: what the broker, the
     load generator and the client cost before the gateway does anything.
     """
-    raw = f"latency-raw-{FLOOR}"
+    raw = f"latency-raw-{FLOOR}-{int(rate)}"
     await create_topics(stack.bootstrap, {raw: 4})
     consumer = AIOKafkaConsumer(
         raw, bootstrap_servers=stack.bootstrap, auto_offset_reset="earliest",
@@ -317,11 +375,11 @@ async def floor_latency(
     await consumer.start()
     samples: list[float] = []
     seen = 0
-    load = asyncio.create_task(_offer_load(stack, raw, rate, seconds, share, value_size))
+    loader = asyncio.create_task(_offer_load(stack, raw, rate, seconds, share, value_size))
     from_time = time.monotonic() + warmup
     deadline = from_time + seconds + 60
     try:
-        while not load.done() or seen < load.result()[0]["produced"]:
+        while not loader.done() or seen < loader.result()[0]["produced"]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{FLOOR}: {seen} records read, the loader produced more")
             batch = await consumer.getmany(timeout_ms=100)
@@ -331,13 +389,13 @@ async def floor_latency(
                 seen += len(records)
                 if counted:
                     samples.extend(now_ms - r.timestamp for r in records)
-        produced, busy = load.result()
+        produced, busy = loader.result()
     finally:
         await consumer.stop()
-        if not load.done():
-            load.cancel()
+        if not loader.done():
+            loader.cancel()
     await delete_topics(stack.bootstrap, [raw])
     return LatencyRun(
-        variant=FLOOR, offered_rate=rate, produced=produced["produced"], forwarded=seen,
+        variant=FLOOR, load=load, offered_rate=rate, produced=produced["produced"], forwarded=seen,
         expected_forwarded=produced["produced"], machine_busy=busy, samples_ms=samples,
     )  # fmt: skip

@@ -1,14 +1,17 @@
 """`python -m bench`: every variant, A/B interleaved over several rounds, on the local stack.
 
-1. Start a broker and five redis-server processes (`gateway.localstack`).
+1. Start a broker and five redis-server processes (`devtools.localstack`).
 2. Fill one raw topic per duplicate share (and a smaller one for `naive`,
    which is ~20x slower) before any variant runs.
 3. Rounds: in each, every variant reads every share's topic once; the order
    of variants rotates from round to round, so no variant always runs first
    or last. Ratios compare runs of the same round.
-4. Latency: each variant at half of its median maximum (20% duplicates), and
-   `broker-floor`: gateway-3's load read by a bare consumer, the part of the
-   latency that is the broker's, the load generator's and the client's.
+4. Latency, at the same offered loads for every variant (20% duplicates):
+   `--latency-rates` (default 5,000 records/s) and half of the forwarder's
+   median maximum; at each load also `broker-floor`, the same load read by a
+   bare consumer: the part of the latency that is the broker's, the load
+   generator's and the client's. The gateway's addition is its percentile
+   minus the floor's at the same load.
 5. Write JSON, a PNG chart and the table in `bench/RESULTS.md`.
 """
 
@@ -31,6 +34,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from bench import delay as delay_bench
 from bench import report
 from bench.measure import (
     FLOOR,
@@ -41,12 +45,13 @@ from bench.measure import (
     latency,
     throughput,
 )
-from bench.variants import VARIANTS, Variant
+from bench.variants import FORWARDER, VARIANTS, Variant
+from devtools.localstack import LocalStack, default_state_dir
+from devtools.topics import create_topics
+from devtools.traffic import produce_traffic
+from gateway.cli import configure_gc
 from gateway.config import load_settings
-from gateway.localstack import LocalStack, default_state_dir
 from gateway.logs import configure
-from gateway.topics import create_topics
-from gateway.traffic import produce_traffic
 
 console = Console()
 LATENCY_SHARE = 0.2
@@ -59,11 +64,14 @@ class Options:
     shares: list[float]
     rounds: int
     latency_seconds: float
+    latency_rates: list[float]
     warmup_seconds: float
+    delay_records: int
     value_size: int
     partitions: int
     out: Path
     results_md: Path | None
+    default_gc: bool
     variants: list[str]
 
 
@@ -118,30 +126,35 @@ async def bench(opts: Options) -> report.Results:
         latencies: list[LatencyRun] = []
         if opts.latency_seconds > 0:
             share = LATENCY_SHARE if LATENCY_SHARE in opts.shares else opts.shares[0]
-            for variant in _chosen(opts):
-                rate = (
-                    statistics.median(
-                        r.rate for r in runs if r.variant == variant.name and r.share == share
-                    )
-                    / 2
-                )
-                with console.status(f"latency: {variant.name} at {rate:,.0f} records/s"):
+            for load, rate in _loads(opts, runs, share):
+                for variant in _chosen(opts):
+                    if not variant.fixed_load:
+                        continue
+                    with console.status(f"latency: {variant.name} at {rate:,.0f} records/s"):
+                        latencies.append(
+                            await latency(
+                                stack, variant, load, rate, opts.latency_seconds,
+                                opts.warmup_seconds, share, opts.value_size,
+                            )
+                        )  # fmt: skip
+                with console.status(f"latency: {FLOOR} at {rate:,.0f} records/s"):
                     latencies.append(
-                        await latency(
-                            stack, variant, rate, opts.latency_seconds, opts.warmup_seconds,
+                        await floor_latency(
+                            stack, load, rate, opts.latency_seconds, opts.warmup_seconds,
                             share, opts.value_size,
                         )
                     )  # fmt: skip
-            # The floor: the target variant's load, read by a bare consumer.
-            target = next((r for r in latencies if r.variant == "gateway-3"), latencies[-1])
-            with console.status(f"latency: {FLOOR} at {target.offered_rate:,.0f} records/s"):
-                latencies.append(
-                    await floor_latency(
-                        stack, target.offered_rate, opts.latency_seconds, opts.warmup_seconds,
-                        share, opts.value_size,
-                    )
-                )  # fmt: skip
-    return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts))
+        delay = await delay_bench.measure(stack, opts.delay_records) if opts.delay_records else None
+    return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts), delay=delay)
+
+
+def _loads(opts: Options, runs: list[ThroughputRun], share: float) -> list[tuple[str, float]]:
+    """The offered loads every variant's latency is measured at: (name, records/s)."""
+    loads = [(f"{rate:,.0f}/s", rate) for rate in opts.latency_rates]
+    forwarder = [r.rate for r in runs if r.variant == FORWARDER.name and r.share == share]
+    if forwarder:
+        loads.append((report.HALF_FORWARDER, statistics.median(forwarder) / 2))
+    return loads
 
 
 def _chosen(opts: Options) -> tuple[Variant, ...]:
@@ -178,12 +191,20 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=10.0,
                         help="offered-load duration per variant; 0 skips latency")  # fmt: skip
+    parser.add_argument("--latency-rates", type=float, nargs="*", default=[5000.0],
+                        help="fixed offered loads (records/s), besides half the forwarder's "
+                             "maximum")  # fmt: skip
     parser.add_argument("--warmup-seconds", type=float, default=1.0)
+    parser.add_argument("--delay-records", type=int, default=20_000,
+                        help="scheduled-delivery row (bench/delay.py); 0 skips it")  # fmt: skip
     parser.add_argument("--value-size", type=int, default=200, help="bytes per record value")
     parser.add_argument("--partitions", type=int, default=4, help="raw topic partitions")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--results-md", type=Path, default=Path("bench/RESULTS.md"),
                         help="where the table goes (between its markers)")  # fmt: skip
+    parser.add_argument("--default-gc", action="store_true",
+                        help="keep CPython's default garbage collection thresholds in this "
+                             "process (the gateway tunes them: gateway/cli.py)")  # fmt: skip
     names = [v.name for v in VARIANTS]
     parser.add_argument("--variants", nargs="+", choices=names, default=names,
                         help="run only these (the targets need all of them)")  # fmt: skip
@@ -196,6 +217,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     configure(load_settings(log={"level": "ERROR"}).log)
+    if not opts.default_gc:
+        configure_gc()  # as `dedup-gateway run` does: this process hosts the in-process variants
     results = uvloop.run(bench(opts))
     paths = report.write(results, opts.out, opts.results_md)
     console.print(report.console_table(results))

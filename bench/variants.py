@@ -1,21 +1,36 @@
 """What the benchmark compares: the variants and how each one is built.
 
-Every variant is the gateway's own process and data path (consumer, batches,
-producer, commits); they differ only in how a record is judged new:
-- `forwarder`: dedup switched off, no Redis call (the ceiling of this process);
+- `client-ceiling`: a bare aiokafka loop that re-produces records untouched
+  (bench/ceiling.py): the most any aiokafka-based gateway can do here;
+- `forwarder`: the gateway's own process and data path (consumer, ids, tokens,
+  headers, batches, producer, commits) with dedup switched off, no Redis call;
 - `gateway-N`: the product, one CLAIM script call per instance per batch, the
   N instances queried concurrently;
 - `naive-3`: the patent as written (and Redpanda Connect's dedupe processor):
-  one `SET key NX PX ttl` per message per instance, awaited one after another.
+  one `SET key NX PX ttl` per message per instance, awaited one after another;
+- `gateway-3-lanes`: gateway-3 with two priority lanes (`[[lanes]]`): the
+  benchmark's topic as the low lane under an empty high lane, so the lane
+  scheduler (lag reads, pause checks) and the `dedup-lane` header run on
+  every batch while nothing is held: what lanes cost;
+- `gateway-3x1`, `gateway-3x2`: gateway-3 as a real `dedup-gateway run
+  --workers 1|2` process tree (bench/processes.py), counted through the
+  supervisor's /metrics: how the gateway scales over cores.
+
+The first six run in the benchmark's own process (same event loop, same
+measuring overhead), so their ratios compare like with like.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
+from bench.ceiling import ClientCeiling
 from gateway.app import Gateway
 from gateway.config import Settings
+from gateway.metrics import Metrics
 from gateway.quorum import Quorum
 from gateway.vote import MINE, Reply
 
@@ -29,16 +44,48 @@ class Variant:
     redis: int  # instances the variant uses
     dedup: bool = True
     naive: bool = False
+    kind: Literal["in-process", "ceiling", "processes"] = "in-process"
+    workers: int = 1  # processes under the supervisor (kind "processes")
+    lanes: bool = False  # the raw topic as the low lane under an empty high lane
+
+    @property
+    def fixed_load(self) -> bool:
+        """Measured for latency at the common offered loads (naive-3 cannot carry
+        them; the process variants' samples stay in their own processes)."""
+        return self.kind != "processes" and not self.naive
 
 
+CEILING = Variant("client-ceiling", redis=1, dedup=False, kind="ceiling")
 FORWARDER = Variant("forwarder", redis=1, dedup=False)
 VARIANTS: tuple[Variant, ...] = (
+    CEILING,
     FORWARDER,
     Variant("gateway-1", redis=1),
     Variant("gateway-3", redis=3),
     Variant("gateway-5", redis=5),
     Variant("naive-3", redis=3, naive=True),
+    Variant("gateway-3-lanes", redis=3, lanes=True),
+    Variant("gateway-3x1", redis=3, kind="processes", workers=1),
+    Variant("gateway-3x2", redis=3, kind="processes", workers=2),
 )
+
+
+class Counts(Protocol):
+    """What a run is measured by (the gateway's `Metrics` has these)."""
+
+    def consumed(self) -> int: ...
+    def handled(self) -> int: ...
+    def forwarded_total(self) -> int: ...
+    def duplicates_total(self) -> int: ...
+
+
+class Subject(Protocol):
+    """Something the benchmark runs until it has handled a topic: a gateway, the ceiling,
+    a process tree."""
+
+    @property
+    def metrics(self) -> Counts: ...
+    async def run(self, stop: asyncio.Event) -> None: ...
 
 
 class NaiveQuorum(Quorum):
@@ -54,8 +101,12 @@ class NaiveQuorum(Quorum):
         return replies
 
 
-def build_gateway(variant: Variant, settings: Settings) -> Gateway:
-    gateway = Gateway(settings)
-    if variant.naive:
-        gateway.quorum = NaiveQuorum(settings.redis, gateway.metrics)
-    return gateway
+def build_subject(
+    variant: Variant, settings: Settings, metrics: Metrics | None = None
+) -> Gateway | ClientCeiling:
+    """An in-process variant, counting into `metrics`."""
+    metrics = metrics or Metrics()
+    if variant.kind == "ceiling":
+        return ClientCeiling(settings, metrics)
+    quorum = NaiveQuorum(settings.redis, metrics) if variant.naive else None
+    return Gateway(settings, quorum=quorum, metrics=metrics)

@@ -1,14 +1,10 @@
-"""Wiring and lifecycle: start, run the batch loop, stop.
+"""Wiring and lifecycle: start, run, stop. The data path itself lives elsewhere.
 
-start: health endpoint, wait for a Redis majority, producer, consumer (join
-the group). run: fetch a batch, process it under the batch lock, commit.
-stop (the stop event, e.g. SIGTERM): stop fetching, finish the batch in
-hand, commit it, leave the group, flush and close; teardown runs in reverse.
-
-Two batches are in flight at most: one being voted on, the one before it
-being forwarded (`Gateway._loop`). A rebalance waits on the batch lock and
-drains (`on_partitions_revoked`), so a revoked partition's in-flight batches
-are forwarded and committed before it moves.
+start: health endpoint, wait for a Redis majority, producer, the raw consumer
+(join the group), the failure loop's consumers. run: the raw fetch loop
+(gateway/source.py) and the failure loop (gateway/failures.py) side by side.
+stop (the stop event, e.g. SIGTERM): stop fetching, finish and commit the
+batch in hand, leave the groups, flush and close; teardown runs in reverse.
 """
 
 from __future__ import annotations
@@ -16,93 +12,65 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka import TopicPartition
 
-from gateway.config import KafkaSettings, Settings, redacted
+from gateway.coalesce import Coalescer
+from gateway.config import Settings, redacted
+from gateway.delay import start_delay_loop
 from gateway.failures import FailureLoop, RawFetcher
 from gateway.health import HealthServer
+from gateway.kafka import build_consumer, build_producer, stop_within
+from gateway.lanes import LaneScheduler
 from gateway.metrics import Metrics
-from gateway.pipeline import BatchResult, Decided, Pipeline
+from gateway.pausing import BlockedPartitions
+from gateway.pipeline import Pipeline
 from gateway.quorum import Quorum
 from gateway.sink import Sink
+from gateway.source import RawSource
 
 logger = logging.getLogger(__name__)
 
-FETCH_TIMEOUT_MS = 100  # how long an idle fetch waits: bounds the reaction to stop
-
-
-def kafka_client_options(kafka: KafkaSettings) -> dict[str, Any]:
-    """Connection and security options shared by every aiokafka client we build."""
-    options: dict[str, Any] = {
-        "bootstrap_servers": kafka.bootstrap_servers,
-        "security_protocol": kafka.security_protocol,
-    }
-    if kafka.sasl_mechanism:
-        options["sasl_mechanism"] = kafka.sasl_mechanism
-        options["sasl_plain_username"] = kafka.sasl_username
-        options["sasl_plain_password"] = (
-            kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
-        )
-    if kafka.security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        options["ssl_context"] = create_ssl_context(
-            cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile else None,
-            certfile=str(kafka.ssl_certfile) if kafka.ssl_certfile else None,
-            keyfile=str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
-        )
-    return options
-
-
-def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        **kafka_client_options(kafka),
-        acks="all",
-        enable_idempotence=kafka.producer_idempotence,
-        # The sink hands over whole per-partition batches: lingering could only
-        # add latency, never batch more (bench/RESULTS.md, latency).
-        linger_ms=0,
-        max_batch_size=1_000_000,
-        max_request_size=1_048_576,
-    )
-
-
-@dataclass
-class _Backoff:
-    delay_s: float
-    resume_at: float
+READINESS_EVERY_S = 1.0
 
 
 class Gateway:
-    """The dedup gateway service. `await Gateway(settings).run(stop_event)`."""
+    """The dedup gateway service. `await Gateway(settings).run(stop_event)`.
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    `quorum` and `metrics` may be injected (the benchmark's naive variant, tests
+    that read counters); by default they are built from `settings`.
+    """
+
+    def __init__(
+        self, settings: Settings, *, quorum: Quorum | None = None, metrics: Metrics | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.quorum = Quorum(settings.redis, self.metrics)
+        self.metrics.preinit(settings)
+        self.quorum = quorum or Quorum(settings.redis, self.metrics)
         self.health = HealthServer(
             self.metrics.registry, self.readiness, settings.metrics.host, settings.metrics.port
         )
-        self.batch_lock = asyncio.Lock()
-        self.consumer: AIOKafkaConsumer | None = None
-        self.blocked: dict[TopicPartition, _Backoff] = {}
-        self.batches = 0
-        self._lag_due = 0.0
-        self._finishing: asyncio.Task[None] | None = None  # the batch being forwarded
+        dedup = settings.dedup
+        self.blocked = BlockedPartitions(
+            dedup.retry_backoff_initial.total_seconds(),
+            dedup.retry_backoff_max.total_seconds(),
+            self.metrics,
+        )
+        self.source: RawSource | None = None
 
     def readiness(self) -> tuple[bool, str]:
+        """Ready unless it cannot work: no Redis majority, or partitions blocked.
+
+        A member without partitions (the group has more members than
+        partitions) is ready: it takes over as soon as one moves to it.
+        """
         if not self.quorum.healthy:
-            return False, "no Redis majority"
-        if self.consumer is None or not self.consumer.assignment():
-            return False, "not in the consumer group (no partitions assigned)"
-        if self.blocked:
+            return False, self.quorum.why_unhealthy()
+        if len(self.blocked):
             return False, f"{len(self.blocked)} partition(s) blocked on undecided votes"
+        if self.source is None:
+            return False, "starting"
         return True, "ready"
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -123,182 +91,63 @@ class Gateway:
             producer = build_producer(kafka)
             await producer.start()
             stack.push_async_callback(producer.stop)
-            consumer = AIOKafkaConsumer(
-                **kafka_client_options(kafka),
-                group_id=kafka.group_id,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
+            delay = None
+            if self.settings.delay.enabled:  # before any record is routed to a tier topic
+                closer = (
+                    Coalescer(self.settings, self.quorum, self.metrics)
+                    if self.settings.coalesce.enabled
+                    else None
+                )
+                delay = await start_delay_loop(self.settings, producer, self.metrics, stack, closer)
+            consumer = build_consumer(
+                kafka,
+                kafka.group_id,
                 max_partition_fetch_bytes=4 * 1024 * 1024,
                 fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
-                session_timeout_ms=int(kafka.session_timeout.total_seconds() * 1000),
-                heartbeat_interval_ms=int(kafka.session_timeout.total_seconds() * 1000 / 3),
             )
             await consumer.start()
-            stack.push_async_callback(consumer.stop)
-            consumer.subscribe(kafka.raw_topics, listener=_Rebalance(self))
-            self.consumer = consumer
-            pipeline = Pipeline(self.settings, self.quorum, Sink(producer), self.metrics)
+            stack.push_async_callback(stop_within, consumer)
+            sink = Sink(producer, kafka, self.metrics)
+            pipeline = Pipeline(self.settings, self.quorum, sink, self.metrics)
+            lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
+            source = RawSource(
+                consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
+                lanes if lanes.active else None,
+            )  # fmt: skip
+            consumer.subscribe(kafka.raw_topics, listener=source.listener())
+            if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
+                await lanes.first_read(consumer)
 
             failures = FailureLoop(self.settings, self.quorum, producer, self.metrics)
-            commands = AIOKafkaConsumer(
-                **kafka_client_options(kafka),
-                group_id=f"{kafka.group_id}.failures",
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-            )
+            commands = build_consumer(kafka, f"{kafka.group_id}.failures")
             await commands.start()
-            stack.push_async_callback(commands.stop)
-            commands.subscribe([kafka.failure_topic], listener=_ForgetRevoked(failures))
-            raw_reader = AIOKafkaConsumer(
-                **kafka_client_options(kafka), enable_auto_commit=False, auto_offset_reset="none"
-            )
+            stack.push_async_callback(stop_within, commands)
+            commands.subscribe([kafka.failure_topic], listener=failures.listener())
+            raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
             await raw_reader.start()
-            stack.push_async_callback(raw_reader.stop)
+            stack.push_async_callback(stop_within, raw_reader)
+            self.source = source
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._loop(consumer, pipeline, stop))
+                tasks.create_task(source.run(stop))
                 tasks.create_task(failures.run(commands, RawFetcher(raw_reader), stop))
+                tasks.create_task(self._report_readiness(stop))
+                if delay is not None:
+                    tasks.create_task(delay.run(stop))
+                if lanes.active:
+                    tasks.create_task(lanes.run(consumer, stop))
+                tasks.create_task(self.quorum.watch(stop))
         logger.info("stopped after %d batches", self.batches)
 
-    async def _loop(
-        self, consumer: AIOKafkaConsumer, pipeline: Pipeline, stop: asyncio.Event
-    ) -> None:
-        """Fetch, vote, forward, commit; two batches in flight at most.
+    def partitions(self) -> set[TopicPartition]:
+        """The raw partitions assigned to this gateway now."""
+        return self.source.consumer.assignment() if self.source is not None else set()
 
-        Batch k+1 is voted on while batch k is still being acknowledged by the
-        broker (the Redis round trip overlaps the Kafka one); batches are
-        forwarded and committed strictly in fetch order, and a batch's offsets
-        are committed only after its records were acknowledged.
-        """
-        max_records = self.settings.kafka.max_batch_records
-        try:
-            while not stop.is_set():
-                self._resume_due(consumer)
-                batch = await consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=max_records)
-                self.metrics.ready.set(1 if self.readiness()[0] else 0)
-                if not batch:
-                    await self.drain()
-                    await self._update_lag(consumer)
-                    continue
-                started = time.perf_counter()
-                async with self.batch_lock:
-                    decided = await pipeline.decide(batch)
-                    # Block before the next fetch, so it brings nothing past a block.
-                    self._block(consumer, decided.result, batch.keys())
-                    await self.drain()
-                    size = sum(len(r) for r in batch.values())
-                    self._finishing = asyncio.create_task(
-                        self._finish(consumer, pipeline, decided, started, size)
-                    )
-                await self._update_lag(consumer)
-        finally:
-            await self.drain()
+    @property
+    def batches(self) -> int:
+        return self.source.batches if self.source is not None else 0
 
-    async def drain(self) -> None:
-        """Wait until the batch being forwarded is acknowledged and committed."""
-        if self._finishing is not None:
-            finishing, self._finishing = self._finishing, None
-            await finishing
-
-    async def _finish(
-        self,
-        consumer: AIOKafkaConsumer,
-        pipeline: Pipeline,
-        decided: Decided,
-        started: float,
-        size: int,
-    ) -> None:
-        result = await pipeline.finish(decided)
-        await self._commit(consumer, result)
-        self.batches += 1
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        self.metrics.batch_records.observe(size)
-
-    async def _commit(self, consumer: AIOKafkaConsumer, result: BatchResult) -> None:
-        if not result.commits:
-            return
-        try:
-            await consumer.commit(result.commits)
-        except CommitFailedError as exc:
-            # The partitions moved on; their new owner replays from the last
-            # commit, and finds our marks owned by these same source records.
-            logger.warning("commit failed after a rebalance, batch will be replayed: %s", exc)
-
-    def _block(
-        self, consumer: AIOKafkaConsumer, result: BatchResult, fetched: Iterable[TopicPartition]
-    ) -> None:
-        """Pause partitions with an undecided vote; lift blocks that have cleared."""
-        backoff = self.settings.dedup
-        now = time.monotonic()
-        for tp in fetched:
-            if tp in result.blocked:
-                consumer.seek(tp, result.blocked[tp])
-                consumer.pause(tp)
-                previous = self.blocked.get(tp)
-                delay = (
-                    backoff.retry_backoff_initial.total_seconds()
-                    if previous is None
-                    else min(previous.delay_s * 2, backoff.retry_backoff_max.total_seconds())
-                )
-                self.blocked[tp] = _Backoff(delay, now + delay)
-                logger.warning(
-                    "partition %s blocked at offset %d: no majority decided; retry in %.2fs",
-                    tp, result.blocked[tp], delay,
-                )  # fmt: skip
-            elif self.blocked.pop(tp, None) is not None:
-                logger.info("partition %s unblocked", tp)
-        self.metrics.partitions_blocked.set(len(self.blocked))
-
-    def _resume_due(self, consumer: AIOKafkaConsumer) -> None:
-        now = time.monotonic()
-        due = [tp for tp, b in self.blocked.items() if b.resume_at <= now]
-        if due:
-            consumer.resume(*due)
-
-    async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
-        """Lag from the fetch-response high watermark (right on every broker), once a second."""
-        now = time.monotonic()
-        if now < self._lag_due:
-            return
-        self._lag_due = now + 1.0
-        for tp in consumer.assignment():
-            high = consumer.highwater(tp)
-            if high is not None:  # a fetch happened, so the position is known
-                lag = max(0, high - await consumer.position(tp))
-                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
-
-    def forget(self, partitions: Iterable[TopicPartition]) -> None:
-        for tp in partitions:
-            self.blocked.pop(tp, None)
-            with contextlib.suppress(KeyError):
-                self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
-        self.metrics.partitions_blocked.set(len(self.blocked))
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # Wait for the batches in hand: they are forwarded and committed before
-        # the partitions move, so the next owner neither loses nor repeats them.
-        async with self.gateway.batch_lock:
-            await self.gateway.drain()
-            self.gateway.forget(revoked)
-        if revoked:
-            logger.info("partitions revoked: %s", sorted(map(str, revoked)))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        logger.info("partitions assigned: %s", sorted(map(str, assigned)))
-
-
-class _ForgetRevoked(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Failure-topic partitions that move: drop their scheduled effects here."""
-
-    def __init__(self, failures: FailureLoop) -> None:
-        self.failures = failures
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.failures.forget(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
+    async def _report_readiness(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.metrics.ready.set(1 if self.readiness()[0] else 0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), READINESS_EVERY_S)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
+import gc
+import json
 import logging
 import os
 import signal
@@ -14,10 +18,12 @@ from typing import Any
 
 import uvloop
 
-from gateway.config import ConfigError, Settings, load_settings
+from gateway.config import CONFIG_ENV, ConfigError, Settings, effective, load_settings
 from gateway.logs import configure
+from gateway.metrics import package_version
 
 logger = logging.getLogger("gateway")
+GC_YOUNG = 20_000
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -46,10 +52,43 @@ async def _until_signalled(main: Coroutine[Any, Any, None], stop: asyncio.Event)
             loop.remove_signal_handler(sig)
 
 
+def configure_gc() -> None:
+    """Garbage collection for a process that runs the data path.
+
+    A batch in flight holds ~15 container objects per record (records,
+    headers, tuples): with CPython's default threshold (700 net allocations)
+    the collector runs every ~50 records and re-traverses the whole batch,
+    and the full collections it triggers traverse the heap: a third of the
+    process's CPU per record in the benchmark (bench/RESULTS.md). Collected
+    garbage is rare here (the data path makes few reference cycles), so:
+    collect the young generation every GC_YOUNG net allocations (a pass
+    costs a few ms, inside the latency budget), and freeze what start-up
+    allocated so that no pass traverses it again.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, 20, 20)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from gateway.app import Gateway
+    from gateway import workers
 
     settings = _settings(args)
+    count = args.workers or settings.kafka.workers
+    if count > 1:
+        supervisor = workers.Supervisor(settings, count, args.config)
+
+        async def supervise() -> None:
+            stop = asyncio.Event()
+            await _until_signalled(supervisor.run(stop), stop)
+
+        uvloop.run(supervise())
+        return 1 if supervisor.failed else 0
+
+    from gateway.app import Gateway
+
+    if supervisor_pid := os.environ.get(workers.SUPERVISOR_ENV):
+        workers.follow_supervisor(int(supervisor_pid))
+    configure_gc()
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -59,10 +98,51 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate the settings and print them as the gateway would run, secrets masked."""
+    data = effective(load_settings(args.config))
+    print(json.dumps(data, indent=2) if args.output == "json" else _toml_like(data))
+    return 0
 
-    return run_demo(args)
+
+def _toml_like(data: dict[str, Any], section: str = "") -> str:
+    """Sections and `key = value` lines (values as JSON); unset values as comments."""
+    lines: list[str] = []
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key, value in data.items():
+        if key not in tables:
+            lines.append(f"# {key} is not set" if value is None else f"{key} = {json.dumps(value)}")
+    for key, value in tables.items():
+        name = f"{section}.{key}" if section else key
+        lines += ["", f"[{name}]", _toml_like(value, name)]
+    return "\n".join(lines).strip("\n")
+
+
+def _message_id(args: argparse.Namespace) -> bytes:
+    """The id's exact bytes: --id-b64, --id-hex, or the text as given on the command line
+    (os.fsencode gives back the argument's own bytes, even when they are not UTF-8)."""
+    message_id: bytes = args.id_b64 or args.id_hex or os.fsencode(args.id)
+    return message_id
+
+
+def _confirm_unconditional_release(args: argparse.Namespace, message_id: bytes) -> int | None:
+    """None to go ahead, else the exit code. Deleting a mark whoever holds it lets the
+    next copy through even when another record owns the id: ask first."""
+    if args.token is not None or args.dry_run or args.yes:
+        return None
+    shown = message_id.decode("utf-8", "backslashreplace")
+    if not sys.stdin.isatty():
+        print(
+            f"dedup-gateway: release {shown!r} without --token deletes its mark whoever holds "
+            "it; pass --yes to confirm (no terminal to ask on)",
+            file=sys.stderr,
+        )
+        return 2
+    answer = input(f"Delete the mark of {shown!r} on every instance, whoever holds it? [y/N] ")
+    if answer.strip().lower() in ("y", "yes"):
+        return None
+    print("not released")
+    return 1
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -70,39 +150,101 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     if args.command == "inspect":
-        return uvloop.run(commands.inspect(settings, args.id))
+        return uvloop.run(commands.inspect(settings, _message_id(args), args.output))
     if args.command == "release":
-        return uvloop.run(commands.release(settings, args.id, args.token))
-    return uvloop.run(commands.redrive(settings, args.limit))
+        message_id = _message_id(args)
+        refused = _confirm_unconditional_release(args, message_id)
+        if refused is not None:
+            return refused
+        return uvloop.run(
+            commands.release(
+                settings, message_id, args.token, dry_run=args.dry_run, output=args.output
+            )
+        )
+    return uvloop.run(
+        commands.redrive(settings, args.limit, dry_run=args.dry_run, output=args.output)
+    )
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from gateway.rebuild import rebuild
+
+    settings = _settings(args)
+    return uvloop.run(
+        rebuild(settings, args.member, source=args.source, dry_run=args.dry_run, output=args.output)
+    )
+
+
+def _id_b64(text: str) -> bytes:
+    try:
+        value = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise argparse.ArgumentTypeError(f"not base64: {text!r}") from None
+    if not value:
+        raise argparse.ArgumentTypeError("an empty id")
+    return value
+
+
+def _id_hex(text: str) -> bytes:
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not hex: {text!r}") from None
+    if not value:
+        raise argparse.ArgumentTypeError("an empty id")
+    return value
+
+
+def _worker_count(text: str) -> int:
+    count = int(text)
+    if not 1 <= count <= 256:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 256, got {count}")
+    return count
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dedup-gateway", description="Crash-safe quorum dedup gateway between Kafka topics."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the gateway service")
-    run.add_argument("--config", type=Path, help="TOML settings file (env GATEWAY_* overrides)")
+    run.add_argument(
+        "--workers", type=_worker_count, metavar="N",
+        help="gateway processes under one supervisor (default: [kafka] workers, 1)",
+    )  # fmt: skip
     run.set_defaults(func=cmd_run)
+    check = sub.add_parser("check-config", help="validate the settings and print them")
+    check.set_defaults(func=cmd_check_config)
 
-    inspect = sub.add_parser("inspect", help="show an id's mark on every Redis instance")
-    inspect.add_argument("id", help="the message id")
+    inspect_ = sub.add_parser("inspect", help="show an id's mark on every Redis instance")
     release = sub.add_parser("release", help="release an id's mark by hand")
-    release.add_argument("id", help="the message id")
     release.add_argument("--token", help="only where the mark holds this dedup-token")
+    release.add_argument("--yes", action="store_true", help="no --token: do not ask to confirm")
+    for id_cmd in (inspect_, release):
+        which = id_cmd.add_mutually_exclusive_group(required=True)
+        which.add_argument("id", nargs="?", help="the message id, as text")
+        which.add_argument("--id-b64", type=_id_b64, help="the message id's bytes, in base64")
+        which.add_argument("--id-hex", type=_id_hex, help="the message id's bytes, in hex")
     redrive = sub.add_parser("redrive", help="re-inject dead-lettered records into raw")
     redrive.add_argument("--limit", type=int, help="at most this many records")
-    for operator_cmd in (inspect, release, redrive):
-        operator_cmd.add_argument("--config", type=Path, help="the gateway's TOML settings file")
+    for operator_cmd in (inspect_, release, redrive):
         operator_cmd.set_defaults(func=cmd_operator)
 
-    demo = sub.add_parser("demo", help="the whole pipeline on an embedded local stack")
-    demo.add_argument("--records", type=int, default=200_000, help="raw records to generate")
-    demo.add_argument("--duplicates", type=float, default=0.3, help="share of duplicates")
-    demo.add_argument("--partitions", type=int, default=4, help="raw topic partitions")
-    demo.add_argument("--no-spark", action="store_true", help="skip the Spark stage")
-    demo.set_defaults(func=cmd_demo)
+    rebuild = sub.add_parser("rebuild", help="rebuild one Redis member's marks from the others")
+    rebuild.add_argument("member", help="the member to rebuild, as the gateway names it")
+    rebuild.add_argument("--from", dest="source", help="copy from this member only")
+    rebuild.set_defaults(func=cmd_rebuild)
+
+    for dry in (release, redrive, rebuild):
+        dry.add_argument("--dry-run", action="store_true", help="say what would happen only")
+    for command in (run, check, inspect_, release, redrive, rebuild):
+        command.add_argument(
+            "--config", type=Path, help=f"TOML settings file (default: ${CONFIG_ENV})"
+        )
+    for command in (check, inspect_, release, redrive, rebuild):
+        command.add_argument("--output", choices=("text", "json"), default="text")
     return parser
 
 

@@ -18,129 +18,184 @@ handover notes which command delivery made it, so a crash replay of that
 delivery redoes the effect (at most one extra copy of the retry), while another
 copy of the command, or a command whose token is stale, changes nothing.
 Offsets are committed only once a command's effect is acknowledged.
+
+Every id is handled as the exact bytes the command names (`Command.id`, from
+`id_b64` when present), so ids that are not UTF-8 are released, handed over,
+checked against the raw record and dead-lettered like any other.
+
+Reading the raw record back is the slow, fallible step. Only the broker's own
+answer makes a command void (its record is below the log start offset or was
+compacted away, its offset is past the end, its partition does not exist); a
+broker that does not answer in time (paused, slow, electing a leader) raises
+`RawFetchError` and the retry is rescheduled with backoff, its command still
+holding the partition's commits back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TypeAlias
+from dataclasses import dataclass, field, replace
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, OffsetOutOfRangeError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
 
+from gateway.commands import Command, parse_command
 from gateway.config import Settings
-from gateway.ids import BadRecord, build_extractor
-from gateway.keys import dead_token, mark_digest, owner_token, source_ref
+from gateway.errors import BadRecord, InvalidCommand, RawFetchError
+from gateway.ids import build_extractor
+from gateway.keys import dead_token, mark_digest, owner_token
+from gateway.lanes import lane_headers
 from gateway.metrics import Metrics
-from gateway.pipeline import H_ATTEMPT, clean_headers
+from gateway.pausing import backoff_delay
 from gateway.quorum import Quorum
-from gateway.sink import OutRecord, Sink
+from gateway.records import (
+    H_ATTEMPT,
+    H_REASON,
+    H_REASONS,
+    Record,
+    clean_headers,
+    clean_record,
+    coordinates,
+    source_ref,
+)
+from gateway.salvage import read_leniently
+from gateway.sink import Sink
 
 logger = logging.getLogger(__name__)
 
-Record: TypeAlias = ConsumerRecord[bytes, bytes]
-H_REASON, H_REASONS = "dedup-reason", "dedup-reasons"
-KEEP_REASONS = 5  # reasons carried on retried and dead-lettered records
 MAX_PENDING = 10_000  # scheduled retries held in memory before fetching pauses
 FETCH_TIMEOUT_MS = 200
-
-
-class InvalidCommand(ValueError):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+RAW_FETCH_DEADLINE_S = 10.0  # longest one raw read waits for the broker before trying later
+FRESH_ANSWER_S = 2.0  # a high watermark this recent is the broker's current word
+COMMIT_TIMEOUT_S = 5.0  # a commit the broker does not answer is retried on the next pass
 
 
 @dataclass(frozen=True)
-class Command:
-    id: str
-    token: str
-    reason: str
-    topic: str
-    partition: int
-    offset: int
-    attempt: int
-    reasons: tuple[str, ...]
-    ref: str  # failure-topic coordinates of this delivery
+class Absent:
+    """The broker's answer that no record is at a command's coordinates."""
 
-    @property
-    def history(self) -> list[str]:
-        return [*self.reasons, self.reason][-KEEP_REASONS:]
-
-
-def parse_command(rec: Record) -> Command:
-    """Validate one failure-topic record; raise InvalidCommand with a reason code."""
-    try:
-        body = json.loads(rec.value or b"")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidCommand("not_json", str(exc)) from None
-    if not isinstance(body, dict):
-        raise InvalidCommand("not_object", "command is not a JSON object")
-    source = body.get("source")
-    try:
-        message_id, token = body["id"], body["token"]
-        topic, partition, offset = source["topic"], source["partition"], source["offset"]  # type: ignore[index]
-    except (KeyError, TypeError):
-        raise InvalidCommand(
-            "missing_field", "needs id, token, source.topic/partition/offset"
-        ) from None
-    attempt = body.get("attempt", 1)
-    reasons = body.get("reasons", [])
-    checks = [
-        isinstance(message_id, str) and message_id != "",
-        isinstance(token, str) and token.isdigit(),
-        isinstance(topic, str) and topic != "",
-        isinstance(partition, int) and partition >= 0,
-        isinstance(offset, int) and offset >= 0,
-        isinstance(attempt, int) and attempt >= 1,
-        isinstance(reasons, list) and all(isinstance(r, str) for r in reasons),
-    ]
-    if not all(checks):
-        raise InvalidCommand("bad_field", f"a field has the wrong type or value: {body!r:.200}")
-    return Command(
-        id=message_id,
-        token=token,
-        reason=str(body.get("reason", "")),
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        attempt=attempt,
-        reasons=tuple(reasons),
-        ref=source_ref(rec.topic, rec.partition, rec.offset),
-    )
+    reason: str  # the invalid-command metric label
+    detail: str
 
 
 class RawFetcher:
     """Reads single raw records back by coordinates (no group; retries are rare)."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, deadline_s: float = RAW_FETCH_DEADLINE_S
+    ) -> None:
         self.consumer = consumer
+        self.deadline_s = deadline_s
 
-    async def fetch(self, topic: str, partition: int, offset: int) -> Record | None:
-        """The record at that offset, or None when retention or compaction removed it."""
+    async def fetch(self, topic: str, partition: int, offset: int) -> Record | Absent:
+        """The record at that offset, or `Absent` when the broker says there is none:
+
+        - `raw_record_gone`: below the log start offset (retention), or the fetch
+          returned a later record (compacted away, or an aborted transaction's);
+        - `beyond_end`: past the end of the partition, as the broker still says at
+          the deadline (a leader's high watermark that lags for a moment after an
+          election is waited out);
+        - `unknown_source`: the partition does not exist.
+
+        Raises RawFetchError when the broker gives no such answer within the
+        deadline (paused or slow broker, leader election, open transaction).
+        """
         tp = TopicPartition(topic, partition)
-        if tp not in self.consumer.assignment():
-            self.consumer.assign([*self.consumer.assignment(), tp])
+        ref = source_ref(topic, partition, offset)
+        deadline = time.monotonic() + self.deadline_s
+        assigned = self.consumer.assignment()
+        if tp not in assigned:
+            self.consumer.assign([*assigned, tp])
+        if not await self._exists(tp, ref, deadline):
+            self.consumer.assign([p for p in self.consumer.assignment() if p != tp])
+            return Absent("unknown_source", f"no partition {tp.topic}/{tp.partition}")
         self.consumer.seek(tp, offset)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
             try:
-                batch = await self.consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=1)
+                batch = await self.consumer.getmany(
+                    tp, timeout_ms=min(FETCH_TIMEOUT_MS, left_ms), max_records=1
+                )
             except OffsetOutOfRangeError:
-                return None
+                return await self._out_of_range(tp, ref, offset, deadline)
+            except UnicodeDecodeError:
+                # A header name that is not UTF-8 in the record's batch (gateway/salvage.py).
+                return await self._read_leniently(tp, ref, offset)
             for rec in batch.get(tp, []):
-                return rec if rec.offset == offset else None  # compacted: the next one came
-            high = self.consumer.highwater(tp)
-            if high is not None and high <= offset:
-                return None  # nothing at or after that offset (deleted topic data)
-        return None
+                if rec.offset == offset:
+                    return rec
+                return Absent("raw_record_gone", f"{ref}: the next record is at {rec.offset}")
+        high = self.consumer.highwater(tp)
+        answered_ms = self.consumer.last_poll_timestamp(tp)
+        if (
+            high is not None
+            and high <= offset
+            and answered_ms is not None
+            and answered_ms >= (time.time() - FRESH_ANSWER_S) * 1000
+        ):
+            return Absent("beyond_end", f"{ref}: the partition ends at {high}")
+        raise RawFetchError(f"{ref}: not read within {self.deadline_s:g}s")
+
+    async def _read_leniently(self, tp: TopicPartition, ref: str, offset: int) -> Record | Absent:
+        """The record at `offset` when aiokafka cannot parse its batch."""
+        found = await read_leniently(self.consumer._client, tp, offset, max_records=1)
+        for rec in found.records:
+            if rec.offset == offset:
+                return rec
+        if any(rec.offset == offset for rec, _ in found.bad):
+            return Absent("bad_header", f"{ref}: a header name is not UTF-8")
+        return Absent("raw_record_gone", f"{ref}: not found by a lenient read")
+
+    async def _exists(self, tp: TopicPartition, ref: str, deadline: float) -> bool:
+        """Whether the partition exists, refreshing metadata when it is not known yet."""
+        parts = self.consumer.partitions_for_topic(tp.topic)
+        if parts and tp.partition in parts:
+            return True
+        try:
+            refreshed = await asyncio.wait_for(
+                self.consumer._client.force_metadata_update(), deadline - time.monotonic()
+            )
+        except TimeoutError:
+            refreshed = False
+        if not refreshed:
+            raise RawFetchError(f"{ref}: no metadata for {tp.topic} within {self.deadline_s:g}s")
+        parts = self.consumer.partitions_for_topic(tp.topic)
+        return bool(parts) and tp.partition in parts
+
+    async def _out_of_range(
+        self, tp: TopicPartition, ref: str, offset: int, deadline: float
+    ) -> Absent:
+        """The broker has nothing at `offset`: below the log start, or past the end.
+
+        ListOffsets "earliest" is right on every broker (only "latest" is not on Tansu).
+        """
+        try:
+            starts = await asyncio.wait_for(
+                self.consumer.beginning_offsets([tp]), max(deadline - time.monotonic(), 0.001)
+            )
+        except (TimeoutError, KafkaError) as exc:
+            raise RawFetchError(f"{ref}: out of range, log start unknown ({exc!r})") from exc
+        if offset < starts[tp]:
+            return Absent("raw_record_gone", f"{ref}: below the log start offset {starts[tp]}")
+        return Absent("beyond_end", f"{ref}: past the end of the partition")
+
+
+@dataclass
+class _Partition:
+    """What the loop holds for one assigned failure-topic partition.
+
+    Replaced when the partition is revoked: work started before then still
+    points at the old object, which is how it knows it is no longer ours.
+    """
+
+    pending: set[int] = field(default_factory=set)  # commands whose effect is scheduled
+    next_offset: int | None = None  # after the last command handled
 
 
 @dataclass(order=True)
@@ -151,6 +206,8 @@ class _Due:
     tp: TopicPartition = field(compare=False)
     offset: int = field(compare=False)
     dead: bool = field(compare=False)
+    owner: _Partition = field(compare=False)
+    fetch_failures: int = field(default=0, compare=False)
 
 
 class FailureLoop:
@@ -160,13 +217,15 @@ class FailureLoop:
         self.settings = settings
         self.failures = settings.failures
         self.quorum = quorum
-        self.sink = Sink(producer)
+        self.sink = Sink(producer, settings.kafka, metrics)
         self.metrics = metrics
         self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
+        self.raw_topics = frozenset(settings.kafka.raw_topics)
+        self.lane_extra = lane_headers(settings)  # a retry keeps its lane's header and topic
         self.due: list[_Due] = []
-        self.pending: dict[TopicPartition, set[int]] = {}
-        self.next_offset: dict[TopicPartition, int] = {}
+        self.partitions: dict[TopicPartition, _Partition] = {}
         self._seq = 0
+        self._committing: asyncio.Future[None] | None = None  # the last offset commit
 
     async def run(
         self, commands: AIOKafkaConsumer, fetcher: RawFetcher, stop: asyncio.Event
@@ -178,8 +237,13 @@ class FailureLoop:
                 continue
             batch = await commands.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=500)
             for tp, records in batch.items():
-                rewind = await self.handle(tp, records)
-                if rewind is not None:  # no majority: retry this command later
+                part = self.partitions.setdefault(tp, _Partition())
+                rewind = await self.handle(tp, part, records)
+                # Only while the partition is still ours: after a rebalance its new
+                # position is the committed offset, and seeking on would skip commands.
+                # Checked with no await before the seek: it cannot be revoked in between.
+                if rewind is not None and self._owns(tp, part, commands):
+                    # No majority: retry this command later.
                     commands.seek(tp, rewind)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(
@@ -187,41 +251,54 @@ class FailureLoop:
                         )
             await self._commit(commands)
 
-    async def handle(self, tp: TopicPartition, records: Sequence[Record]) -> int | None:
+    async def handle(
+        self, tp: TopicPartition, part: _Partition, records: Sequence[Record]
+    ) -> int | None:
         """Act on one partition's commands in order; the offset to rewind to, if undecided."""
         valid: list[tuple[Record, Command]] = []
         for rec in records:
             try:
-                valid.append((rec, parse_command(rec)))
+                cmd = parse_command(rec)
             except InvalidCommand as exc:
-                self._invalid(rec, exc.reason, str(exc))
-        self.next_offset[tp] = records[-1].offset + 1
+                self._invalid(rec, exc.reason, str(exc).removeprefix(f"{exc.reason}: "))
+                continue
+            if self.failures.mode == "retry" and cmd.topic not in self.raw_topics:
+                # Nothing to read back (a release needs only the token, whatever the topic).
+                self._invalid(cmd, "unknown_source", f"{cmd.topic!r} is not a raw topic")
+                continue
+            valid.append((rec, cmd))
+        part.next_offset = records[-1].offset + 1
         if not valid:
             return None
         if self.failures.mode == "release":
-            return await self._release(tp, valid)
-        return await self._hand_over(tp, valid)
+            return await self._release(part, valid)
+        return await self._hand_over(tp, part, valid)
 
-    async def _release(self, tp: TopicPartition, valid: list[tuple[Record, Command]]) -> int | None:
-        digests = [mark_digest(c.id.encode()) for _, c in valid]
+    async def _release(self, part: _Partition, valid: list[tuple[Record, Command]]) -> int | None:
+        digests = [mark_digest(c.id) for _, c in valid]
         replies = await self.quorum.release(digests, [c.token for _, c in valid])
         for j, (rec, cmd) in enumerate(valid):
             answers = [r[j] for r in replies if r is not None]
             if sum(answers) >= self.quorum.majority:
                 self.metrics.releases.labels("released").inc()
-                logger.info("released %s (%s): %s", cmd.id, cmd.ref, cmd.reason)
+                logger.info(
+                    "released %s (%s): %s", cmd.readable_id, cmd.ref, cmd.reason, extra=_fields(cmd)
+                )
             elif len(answers) - sum(answers) >= self.quorum.majority:
                 self.metrics.releases.labels("stale").inc()
-                logger.info("stale release for %s (%s): token no longer holds", cmd.id, cmd.ref)
+                logger.info(
+                    "stale release for %s (%s): token no longer holds", cmd.readable_id, cmd.ref,
+                    extra=_fields(cmd),
+                )  # fmt: skip
             else:
                 self.metrics.releases.labels("no_quorum").inc()
                 rewind: int = rec.offset
-                self.next_offset[tp] = rewind
+                part.next_offset = rewind
                 return rewind
         return None
 
     async def _hand_over(
-        self, tp: TopicPartition, valid: list[tuple[Record, Command]]
+        self, tp: TopicPartition, part: _Partition, valid: list[tuple[Record, Command]]
     ) -> int | None:
         marks = []
         for _, cmd in valid:
@@ -231,7 +308,7 @@ class FailureLoop:
                 if dead
                 else owner_token(cmd.topic, cmd.partition, cmd.offset, cmd.attempt + 1)
             )
-            marks.append((mark_digest(cmd.id.encode()), cmd.token, nxt, cmd.ref))
+            marks.append((mark_digest(cmd.id), cmd.token, nxt, cmd.ref))
         replies = await self.quorum.handover(marks)
         now = time.monotonic()
         for j, (rec, cmd) in enumerate(valid):
@@ -242,20 +319,26 @@ class FailureLoop:
                 self.metrics.releases.labels("released").inc()
                 dead = cmd.attempt >= self.failures.max_attempts
                 delay = 0.0 if dead else self._backoff(cmd.attempt)
-                self._schedule(_Due(now + delay, self._next_seq(), cmd, tp, rec.offset, dead))
+                self._schedule(_Due(now + delay, self._next_seq(), cmd, tp, rec.offset, dead, part))
             elif skip >= self.quorum.majority:
                 self.metrics.releases.labels("stale").inc()
-                logger.info("stale or repeated command for %s (%s): skipped", cmd.id, cmd.ref)
+                logger.info(
+                    "stale or repeated command for %s (%s): skipped", cmd.readable_id, cmd.ref,
+                    extra=_fields(cmd),
+                )  # fmt: skip
             else:
                 self.metrics.releases.labels("no_quorum").inc()
                 rewind: int = rec.offset
-                self.next_offset[tp] = rewind
+                part.next_offset = rewind
                 return rewind
         return None
 
     def _backoff(self, attempt: int) -> float:
-        initial = self.failures.backoff_initial.total_seconds()
-        return float(min(initial * 2 ** (attempt - 1), self.failures.backoff_max.total_seconds()))
+        return backoff_delay(
+            self.failures.backoff_initial.total_seconds(),
+            self.failures.backoff_max.total_seconds(),
+            attempt,
+        )
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -263,41 +346,72 @@ class FailureLoop:
 
     def _schedule(self, due: _Due) -> None:
         heapq.heappush(self.due, due)
-        self.pending.setdefault(due.tp, set()).add(due.offset)
+        due.owner.pending.add(due.offset)
+
+    def _owns(self, tp: TopicPartition, part: _Partition, commands: AIOKafkaConsumer) -> bool:
+        """Whether `part` is still this loop's state of `tp`, which is still assigned."""
+        return self.partitions.get(tp) is part and tp in commands.assignment()
+
+    def _ours(self, due: _Due) -> bool:
+        """False once the due's command partition was revoked (its new owner redoes it)."""
+        return self.partitions.get(due.tp) is due.owner
 
     async def _run_due(self, fetcher: RawFetcher, stop: asyncio.Event) -> None:
         while self.due and self.due[0].at <= time.monotonic() and not stop.is_set():
             due = heapq.heappop(self.due)
-            if await self._redo(due, fetcher):
-                cmd = due.command
-                await self.quorum.mark_done([mark_digest(cmd.id.encode())], [cmd.ref])
-            self.pending[due.tp].discard(due.offset)
+            if not self._ours(due):
+                continue
+            try:
+                await self._redo(due, fetcher)
+            except (RawFetchError, KafkaError) as exc:
+                if isinstance(exc, KafkaError) and not (
+                    exc.retriable or isinstance(exc, KafkaTimeoutError)
+                ):
+                    raise
+                self._later(due, exc)
+                return  # the broker is slow or away: let the command loop run before the next
+            due.owner.pending.discard(due.offset)
 
-    async def _redo(self, due: _Due, fetcher: RawFetcher) -> bool:
-        """Forward the retry or the dead letter; False when the command was invalid."""
+    def _later(self, due: _Due, exc: Exception) -> None:
+        """Reschedule a retry the broker could not serve now; its command stays pending."""
+        failures = due.fetch_failures + 1
+        delay = self._backoff(failures)
+        heapq.heappush(
+            self.due,
+            replace(
+                due, at=time.monotonic() + delay, seq=self._next_seq(), fetch_failures=failures
+            ),
+        )
+        cmd = due.command
+        logger.warning(
+            "%s of %s (%s) not done, trying again in %.1fs: %s",
+            "dead letter" if due.dead else "retry", cmd.readable_id,
+            source_ref(cmd.topic, cmd.partition, cmd.offset), delay, exc,
+            extra={**_fields(cmd), "tries": failures},
+        )  # fmt: skip
+
+    async def _redo(self, due: _Due, fetcher: RawFetcher) -> None:
+        """Forward the retry or the dead letter, then note it done; or count the command
+        invalid when the broker says its raw record is not there."""
         cmd = due.command
         raw = await fetcher.fetch(cmd.topic, cmd.partition, cmd.offset)
-        if raw is None:
-            self._invalid(
-                None,
-                "raw_record_gone",
-                f"{cmd.ref}: no raw record at {source_ref(cmd.topic, cmd.partition, cmd.offset)}",
-            )
-            return False
+        if not self._ours(due):
+            return  # revoked during the fetch: the new owner replays the command
+        if isinstance(raw, Absent):
+            self._invalid(cmd, raw.reason, raw.detail)
+            return
         try:
-            raw_id = self.extract(raw).decode(errors="replace")
+            raw_id: bytes | None = self.extract(raw)
         except BadRecord:
             raw_id = None
         if raw_id != cmd.id:
-            self._invalid(
-                None, "id_mismatch", f"{cmd.ref}: raw record has id {raw_id!r}, not {cmd.id!r}"
-            )
-            return False
+            self._invalid(cmd, "id_mismatch", f"the raw record has id {raw_id!r}, not {cmd.id!r}")
+            return
         reasons = json.dumps(cmd.history).encode()
         if due.dead:
             headers = clean_headers(
                 raw,
-                raw_id.encode(),
+                raw_id,
                 dead_token(raw.topic, raw.partition, raw.offset),
                 [
                     (H_ATTEMPT, str(cmd.attempt).encode()),
@@ -309,37 +423,60 @@ class FailureLoop:
             self.metrics.dead_lettered.inc()
             logger.warning(
                 "dead-lettered %s (%s) after %d attempts: %s",
-                cmd.id,
+                cmd.readable_id,
                 source_ref(raw.topic, raw.partition, raw.offset),
                 cmd.attempt,
                 cmd.reason,
+                extra=_fields(cmd),
             )
-            return True
-        attempt = cmd.attempt + 1
-        token = owner_token(raw.topic, raw.partition, raw.offset, attempt)
-        headers = clean_headers(
-            raw, raw_id.encode(), token, [(H_ATTEMPT, str(attempt).encode()), (H_REASONS, reasons)]
-        )
-        await self._deliver(self.settings.kafka.clean_topic, raw, headers)
-        self.metrics.retries.labels(str(attempt)).inc()
-        return True
+        else:
+            attempt = cmd.attempt + 1
+            token = owner_token(raw.topic, raw.partition, raw.offset, attempt)
+            headers = clean_headers(
+                raw,
+                raw_id,
+                token,
+                [*self.lane_extra.get(raw.topic, ()), (H_ATTEMPT, str(attempt).encode()),
+                 (H_REASONS, reasons)],
+            )  # fmt: skip
+            await self._deliver(self.settings.clean_topic_of(raw.topic), raw, headers)
+            self.metrics.retries.labels(str(attempt)).inc()
+        await self.quorum.mark_done([mark_digest(cmd.id)], [cmd.ref])
 
     async def _deliver(self, topic: str, raw: Record, headers: list[tuple[str, bytes]]) -> None:
-        out = OutRecord(raw.key, raw.value, raw.timestamp, headers, raw.partition)
-        for fut in await self.sink.send(topic, [out]):
+        for fut in await self.sink.send(topic, [clean_record(raw, headers)]):
             await fut
+
+    def listener(self) -> ConsumerRebalanceListener:
+        return _ForgetRevoked(self)
 
     async def _commit(self, commands: AIOKafkaConsumer) -> None:
         """Commit up to the oldest command whose effect is still scheduled."""
         offsets = {}
-        for tp, nxt in self.next_offset.items():
-            waiting = self.pending.get(tp)
-            offsets[tp] = min(waiting) if waiting else nxt
-        if offsets:
-            try:
-                await commands.commit(offsets)
-            except CommitFailedError as exc:
-                logger.warning("failure-topic commit failed after a rebalance: %s", exc)
+        assigned = commands.assignment()
+        for tp, part in self.partitions.items():
+            if tp not in assigned or part.next_offset is None:
+                continue
+            offsets[tp] = min(part.pending) if part.pending else part.next_offset
+        if not offsets:
+            return
+        if self._committing is not None and not self._committing.done():
+            return  # the last commit is still under way (broker away): the next pass tries
+        where = {source_ref(tp.topic, tp.partition, o): o for tp, o in offsets.items()}
+        # Bounded, but never cancelled: aiokafka retries a commit for as long as the
+        # broker is away (due retries must still get their turn meanwhile), and a
+        # cancelled commit leaves its own inner task to fail unobserved.
+        task = asyncio.ensure_future(commands.commit(offsets))
+        self._committing = task
+        done, _ = await asyncio.wait([task], timeout=COMMIT_TIMEOUT_S)
+        if not done:
+            task.add_done_callback(functools.partial(_commit_done, where))
+            logger.warning(
+                "failure-topic commit still under way after %.0fs; the next pass commits again",
+                COMMIT_TIMEOUT_S, extra={"commit": where},
+            )  # fmt: skip
+            return
+        _commit_done(where, task)
 
     def forget(self, partitions: set[TopicPartition]) -> None:
         """Revoked command partitions: their scheduled effects go with them (the new
@@ -347,10 +484,47 @@ class FailureLoop:
         self.due = [d for d in self.due if d.tp not in partitions]
         heapq.heapify(self.due)
         for tp in partitions:
-            self.pending.pop(tp, None)
-            self.next_offset.pop(tp, None)
+            self.partitions.pop(tp, None)
 
-    def _invalid(self, rec: Record | None, reason: str, detail: str) -> None:
+    def _invalid(self, command: Record | Command, reason: str, detail: str) -> None:
+        """Count and log a command that is skipped, naming where it is on the failure
+        topic and, once parsed, the raw record it names."""
         self.metrics.invalid_commands.labels(reason).inc()
-        where = f" at {source_ref(rec.topic, rec.partition, rec.offset)}" if rec is not None else ""
-        logger.warning("invalid failure command%s skipped: %s", where, detail)
+        if isinstance(command, Command):
+            where, fields = command.ref, _fields(command)
+        else:
+            where = source_ref(command.topic, command.partition, command.offset)
+            fields = {"command": where}
+        logger.warning(
+            "invalid failure command at %s skipped (%s): %s", where, reason, detail,
+            extra={**fields, "reason": reason},
+        )  # fmt: skip
+
+
+def _fields(cmd: Command) -> dict[str, str | int]:
+    """Log fields of a command: the raw record it names, and where the command is."""
+    return {**coordinates(cmd.topic, cmd.partition, cmd.offset), "command": cmd.ref}
+
+
+def _commit_done(where: dict[str, int], task: asyncio.Future[None]) -> None:
+    """Log a failed command-offset commit (its exception retrieved, never left unobserved)."""
+    if task.cancelled() or (exc := task.exception()) is None:
+        return
+    # Revoked meanwhile (CommitFailedError, IllegalStateError), or a broker error:
+    # the next pass commits again, or the new owner replays the commands.
+    logger.warning(
+        "failure-topic commit failed, left for the next pass: %r", exc, extra={"commit": where}
+    )
+
+
+class _ForgetRevoked(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Failure-topic partitions that move: drop their scheduled effects here."""
+
+    def __init__(self, failures: FailureLoop) -> None:
+        self.failures = failures
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.failures.forget(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        pass

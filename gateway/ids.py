@@ -7,7 +7,10 @@ Strategies (`[dedup] id`):
   (strings are used as they are; numbers and booleans by their JSON text);
 - `hash`: BLAKE2b-128 of the value bytes (identical payloads are duplicates).
 A record whose id cannot be extracted raises `BadRecord` with the reason; the
-pipeline sends it to the quarantine topic.
+pipeline sends it to the quarantine topic. Whatever the bytes (hostile JSON
+nested deeper than the stack, a JSON string with a lone surrogate), an
+extractor returns the id's bytes or raises `BadRecord`, nothing else
+(tests/property/test_ids.py).
 """
 
 from __future__ import annotations
@@ -17,14 +20,8 @@ from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import Any, Protocol
 
-
-class BadRecord(ValueError):
-    """The record has no usable id. `reason` is a short machine-friendly code."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+from gateway.errors import BadRecord
+from gateway.records import CLEAN_HEADERS_BOUND, record_size
 
 
 class RawRecord(Protocol):
@@ -39,8 +36,13 @@ class RawRecord(Protocol):
 IdExtractor = Callable[[RawRecord], bytes]
 
 
-def build_extractor(spec: str, max_bytes: int) -> IdExtractor:
-    """The extractor for a validated `[dedup] id` spec."""
+def build_extractor(spec: str, max_bytes: int, max_record_bytes: int | None = None) -> IdExtractor:
+    """The extractor for a validated `[dedup] id` spec.
+
+    With `max_record_bytes` (the broker's limit), a record whose clean copy could
+    outgrow it is bad input (`too_large`), judged before it claims a mark: a
+    later, smaller copy of the same id is then new.
+    """
     kind, _, arg = spec.partition(":")
     raw: IdExtractor
     if kind == "header":
@@ -60,6 +62,14 @@ def build_extractor(spec: str, max_bytes: int) -> IdExtractor:
             raise BadRecord("empty_id", f"id from {spec} is empty")
         if len(message_id) > max_bytes:
             raise BadRecord("oversize_id", f"id is {len(message_id)} bytes, limit {max_bytes}")
+        if max_record_bytes is not None:
+            size = record_size(record.key, record.value, record.headers)
+            size += len(message_id) + CLEAN_HEADERS_BOUND
+            if size > max_record_bytes:
+                raise BadRecord(
+                    "too_large",
+                    f"the clean copy would be up to {size} bytes, limit {max_record_bytes}",
+                )
         return message_id
 
     return extract
@@ -89,14 +99,20 @@ def _json_path(path: list[str]) -> IdExtractor:
             raise BadRecord("not_json", "record has no value")
         try:
             node: Any = json.loads(record.value)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRecord("not_json", f"value is not JSON ({exc})") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            # RecursionError: nesting deeper than the interpreter's stack (hostile input).
+            raise BadRecord(
+                "not_json", f"value is not JSON ({type(exc).__name__}: {exc})"[:300]
+            ) from None
         for part in path:
             if not isinstance(node, dict) or part not in node:
                 raise BadRecord("missing_field", f"no field {dotted!r} in the JSON value")
             node = node[part]
         if isinstance(node, str):
-            return node.encode()
+            try:
+                return node.encode()
+            except UnicodeEncodeError:  # a lone surrogate ("\\ud800") is valid JSON, not text
+                raise BadRecord("bad_id", f"field {dotted!r} is not valid Unicode") from None
         if node is None or isinstance(node, dict | list):
             raise BadRecord("missing_field", f"field {dotted!r} is not a scalar")
         return json.dumps(node).encode()

@@ -1,59 +1,138 @@
 """Operator commands: `inspect ID`, `release ID`, `redrive`.
 
 They use the same settings file as the service, and the same scripts, so a
-manual action follows the same rules as the gateway's own.
+manual action follows the same rules as the gateway's own. Ids are exact
+bytes (the CLI takes them as text, base64 or hex), so ids that are not UTF-8
+can be inspected and released too. Output is aligned plain text, or one JSON
+document with `output="json"`; `dry_run` reads what an action would change
+and changes nothing.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from rich.console import Console
-from rich.table import Table
+from aiokafka.errors import KafkaError
 
-from gateway.app import build_producer, kafka_client_options
 from gateway.config import Settings
-from gateway.keys import dead_token, mark_digest, parse_source_ref
+from gateway.delay import find_waiting
+from gateway.kafka import build_consumer, build_producer, partitions_of
+from gateway.keys import dead_token, is_released, mark_digest
 from gateway.metrics import Metrics
-from gateway.pipeline import H_SOURCE
-from gateway.quorum import Quorum
-from gateway.topics import partitions_of
+from gateway.quorum import MarkView, Quorum
+from gateway.records import H_ID, H_SOURCE, PREFIX, Record, parse_source_ref, source_ref
 
 logger = logging.getLogger(__name__)
-console = Console()
+
+Output = Literal["text", "json"]
 
 
-async def inspect(settings: Settings, message_id: str) -> int:
+def readable(message_id: bytes) -> str:
+    """An id as text for people: invalid UTF-8 shown as `\\xNN` escapes."""
+    return message_id.decode("utf-8", "backslashreplace")
+
+
+def _id_fields(message_id: bytes) -> dict[str, str]:
+    return {"id": readable(message_id), "id_b64": base64.b64encode(message_id).decode()}
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart; nothing is cut
+    (an owner token must be copied whole into `--token`)."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+             for line in (header, *rows)]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    print(json.dumps(document, indent=2))
+
+
+async def inspect(settings: Settings, message_id: bytes, output: Output = "text") -> int:
     """Print each instance's mark for `message_id`: owner token, TTL, bucket encoding."""
     quorum = Quorum(settings.redis, Metrics())
+    digest = mark_digest(message_id)
     try:
-        digest = mark_digest(message_id.encode())
         views = await quorum.inspect(digest)
     finally:
         await quorum.close()
-    table = Table(title=f"marks for id {message_id!r} (digest {digest.hex()})")
-    table.add_column("instance", overflow="fold")
-    table.add_column("owner token", min_width=19, no_wrap=True)  # copied into --token: whole
-    for column in ("ttl", "bucket", "last handover by"):
-        table.add_column(column, overflow="fold")
-    for inst, view in zip(quorum.instances, views, strict=True):
-        if view is None:
-            table.add_row(inst.name, "[red]no answer[/]", "", "", "")
-            continue
-        bucket = view.encoding or ""  # "listpack": compact; "hashtable": raise buckets
-        by = view.handed_over_by or ""
-        table.add_row(inst.name, view.owner or "(none)", _ttl(view.ttl_ms), bucket, by)
-    console.print(table)
+    names = [inst.name for inst in quorum.instances]
+    if output == "json":
+        waiting = await find_waiting(settings, message_id) if settings.delay.enabled else None
+        _print_json({
+            **_id_fields(message_id), "digest": digest.hex(),
+            "instances": [{"instance": name, "answered": view is not None,
+                           **(asdict(view) if view is not None else {})}
+                          for name, view in zip(names, views, strict=True)],
+            "waiting": None if waiting is None else [asdict(w) for w in waiting.waiting],
+        })  # fmt: skip
+        return 0
+    shown = _id_fields(message_id)
+    print(f"marks for id {shown['id']} (base64 {shown['id_b64']}, digest {digest.hex()})")
+    rows = [_inspect_row(name, view) for name, view in zip(names, views, strict=True)]
+    print(table(("instance", "owner token", "ttl", "bucket", "last handover by"), rows))
+    if settings.delay.enabled:  # scheduled delivery: a read of what waits in the tiers
+        await _print_waiting(settings, message_id)
     return 0
 
 
-async def release(settings: Settings, message_id: str, token: str | None) -> int:
-    """Delete the id's mark: only where it holds `token` when given, else everywhere."""
+async def _print_waiting(settings: Settings, message_id: bytes) -> None:
+    scan = await find_waiting(settings, message_id)
+    if not scan.waiting:
+        print("not waiting in any delay tier")
+    else:
+        print(f"waiting in delay tiers ({scan.scanned} tier records read):")
+        rows = [
+            [w.tier, _when(w.due_ms), _when(w.step_ms), _when(w.tier_at_ms),
+             source_ref(w.topic, w.partition, w.offset), w.source]
+            for w in scan.waiting
+        ]  # fmt: skip
+        print(table(("tier", "due", "next step", "in tier since", "at", "source"), rows))
+    if not scan.complete:
+        print("scan stopped at its limit: the tiers hold more")
+
+
+def _inspect_row(name: str, view: MarkView | None) -> list[str]:
+    if view is None:
+        return [name, "NO ANSWER", "", "", ""]
+    # bucket "listpack": compact; "hashtable": raise [redis] buckets
+    owner = view.owner or "(none)"
+    if is_released(owner):
+        owner = f"released (was {owner[1:]})"
+    return [name, owner, _ttl(view.ttl_ms), view.encoding or "",
+            view.handed_over_by or ""]  # fmt: skip
+
+
+async def release(
+    settings: Settings,
+    message_id: bytes,
+    token: str | None,
+    *,
+    dry_run: bool = False,
+    output: Output = "text",
+) -> int:
+    """Release the id's mark: only where it holds `token` when given, else whoever holds it.
+
+    The mark becomes a tombstone (`-<token>`, gateway/keys.py): the next copy
+    is new, a replay of the released source record is not. Exit code 0 when a
+    majority of instances released it (with `dry_run`: would release it), 1
+    otherwise.
+    """
     quorum = Quorum(settings.redis, Metrics())
+    digest = mark_digest(message_id)
     try:
-        digest = mark_digest(message_id.encode())
-        if token is not None:
+        if dry_run:
+            views = await quorum.inspect(digest)
+            results = [None if v is None else int(_would_delete(v, token)) for v in views]
+        elif token is not None:
             replies = await quorum.release([digest], [token])
             results = [None if r is None else r[0] for r in replies]
         else:
@@ -61,63 +140,201 @@ async def release(settings: Settings, message_id: str, token: str | None) -> int
     finally:
         await quorum.close()
     deleted = sum(1 for r in results if r)
-    for inst, result in zip(quorum.instances, results, strict=True):
-        state = "no answer" if result is None else "deleted" if result else "not held / absent"
-        console.print(f"{inst.name}: {state}")
     ok = deleted >= quorum.majority
-    console.print(
-        f"released on {deleted} of {quorum.size} instances: {'ok' if ok else 'NOT released'}"
-    )
+    states = [_release_state(r, dry_run) for r in results]
+    names = [inst.name for inst in quorum.instances]
+    if output == "json":
+        _print_json({
+            **_id_fields(message_id), "token": token, "dry_run": dry_run,
+            "instances": [{"instance": n, "result": s} for n, s in zip(names, states, strict=True)],
+            "deleted": deleted, "size": quorum.size, "majority": quorum.majority, "released": ok,
+        })  # fmt: skip
+        return 0 if ok else 1
+    print(table(("instance", "result"), list(zip(names, states, strict=True))))
+    verb = "would be released" if dry_run else "released"
+    print(f"{verb} on {deleted} of {quorum.size} instances: {'ok' if ok else 'NOT released'}")
     return 0 if ok else 1
 
 
-async def redrive(settings: Settings, limit: int | None) -> int:
+def _would_delete(view: MarkView, token: str | None) -> bool:
+    return (
+        view.owner is not None
+        and not is_released(view.owner)
+        and (token is None or view.owner == token)
+    )
+
+
+def _release_state(result: int | None, dry_run: bool) -> str:
+    if result is None:
+        return "no answer"
+    if result:
+        return "would release" if dry_run else "released"
+    return "not held / absent / released before"
+
+
+@dataclass
+class _Outcome:
+    """What redrive did (or, dry, would do) with one dead letter."""
+
+    id: str
+    id_b64: str
+    dead_letter: str  # its coordinates on the dead-letter topic
+    source: str  # the raw record it came from
+    deleted: int = 0  # instances where the dead-letter mark was deleted (dry: held)
+    not_held: int = 0  # instances that answered without holding it
+    no_answer: int = 0
+    reason: str = ""  # why it was not redriven, or skipped
+
+
+async def redrive(
+    settings: Settings, limit: int | None, *, dry_run: bool = False, output: Output = "text"
+) -> int:
     """Re-inject dead-lettered records into their raw topic, as new records.
 
-    Each record's mark is deleted where it still holds the dead-letter token
-    (so the re-injected copy is new, not a duplicate), then the original key,
-    value and headers go back to the raw topic. Progress is committed in group
-    `<group_id>.redrive`, so a second run does not re-inject the same records.
+    Each record's mark is deleted where it still holds the dead-letter token,
+    then the original key, value and headers go back to the raw topic. A
+    record is re-injected only when a majority of instances answered (each
+    deleted the mark, or did not hold it: already released, expired, or a
+    previous redrive that stopped before its commit), so the copy cannot be
+    judged a duplicate of the dead letter. Otherwise that partition stops
+    there, uncommitted, and the exit code is 1. Progress is committed in
+    group `<group_id>.redrive`, so a second run does not re-inject the same
+    records. Dead letters without the gateway's headers are skipped (reported,
+    exit code 1) and committed past: nothing could ever redrive them.
     """
     kafka = settings.kafka
-    consumer = AIOKafkaConsumer(
-        **kafka_client_options(kafka),
-        group_id=f"{kafka.group_id}.redrive",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
+    consumer = build_consumer(kafka, f"{kafka.group_id}.redrive")
     producer: AIOKafkaProducer = build_producer(kafka)
     quorum = Quorum(settings.redis, Metrics())
+    run = _Redrive(settings, consumer, producer, quorum, dry_run, output == "text")
     await consumer.start()
     await producer.start()
-    redriven = 0
     try:
-        tps = [
-            TopicPartition(kafka.dead_letter_topic, p)
-            for p in await partitions_of(consumer, kafka.dead_letter_topic)
-        ]
-        consumer.assign(tps)
-        while limit is None or redriven < limit:
-            batch = await consumer.getmany(*tps, timeout_ms=1000, max_records=100)
-            if not batch:
-                break
-            todo = [(tp, rec) for tp, records in batch.items() for rec in records]
-            for tp, rec in todo[: None if limit is None else limit - redriven]:
-                headers = dict(rec.headers)
-                topic, partition, offset = parse_source_ref(headers[H_SOURCE].decode())
-                digest = mark_digest(headers["dedup-id"])
-                await quorum.release([digest], [dead_token(topic, partition, offset)])
-                original = [(k, v) for k, v in rec.headers if not k.startswith("dedup-")]
-                await producer.send_and_wait(topic, rec.value, key=rec.key, headers=original)
-                await consumer.commit({tp: rec.offset + 1})
-                redriven += 1
-                console.print(f"redriven {headers['dedup-id'].decode()!r} to {topic}")
+        await run.run(limit)
     finally:
         await quorum.close()
         await producer.stop()
         await consumer.stop()
-    console.print(f"{redriven} dead-lettered record(s) re-injected")
-    return 0
+    failed = bool(run.stopped or run.skipped)
+    if output == "json":
+        _print_json({"dry_run": dry_run, "redriven": [asdict(o) for o in run.redriven],
+                     "not_redriven": [asdict(o) for o in run.stopped],
+                     "skipped": [asdict(o) for o in run.skipped]})  # fmt: skip
+        return 1 if failed else 0
+    verb = "would be re-injected" if dry_run else "re-injected"
+    print(f"{len(run.redriven)} dead-lettered record(s) {verb}")
+    if run.stopped:
+        print(f"{len(run.stopped)} partition(s) stopped, uncommitted, at a record not redriven")
+    return 1 if failed else 0
+
+
+class _Redrive:
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        quorum: Quorum,
+        dry_run: bool,
+        text: bool,
+    ) -> None:
+        self.settings = settings
+        self.consumer = consumer
+        self.producer = producer
+        self.quorum = quorum
+        self.dry_run = dry_run
+        self.text = text
+        self.redriven: list[_Outcome] = []
+        self.stopped: list[_Outcome] = []
+        self.skipped: list[_Outcome] = []
+
+    async def run(self, limit: int | None) -> None:
+        topic = self.settings.kafka.dead_letter_topic
+        active = [TopicPartition(topic, p) for p in await partitions_of(self.consumer, topic)]
+        self.consumer.assign(active)
+        while active and (limit is None or len(self.redriven) < limit):
+            batch = await self.consumer.getmany(*active, timeout_ms=1000, max_records=100)
+            if not batch:
+                return  # every partition read to its end
+            for tp, records in batch.items():
+                for rec in records:
+                    if limit is not None and len(self.redriven) >= limit:
+                        return
+                    if not await self._one(tp, rec):
+                        active.remove(tp)  # stop this partition here, uncommitted
+                        self.consumer.pause(tp)
+                        break
+
+    async def _one(self, tp: TopicPartition, rec: Record) -> bool:
+        """Redrive (or skip) one dead letter; False when its partition must stop here."""
+        headers = dict(rec.headers)
+        message_id = headers.get(H_ID) or b""
+        where = source_ref(rec.topic, rec.partition, rec.offset)
+        try:
+            topic, partition, offset = parse_source_ref(headers[H_SOURCE].decode())
+        except (KeyError, ValueError, UnicodeDecodeError):
+            topic, partition, offset = "", 0, 0
+        shown = _id_fields(message_id)
+        outcome = _Outcome(
+            shown["id"],
+            shown["id_b64"],
+            where,
+            source_ref(topic, partition, offset) if topic else "",
+        )
+        if not message_id or not topic or topic not in self.settings.kafka.raw_topics:
+            outcome.reason = "no dedup-id/dedup-source headers naming a raw topic"
+            self._report(self.skipped, outcome, "SKIPPED")
+            await self._commit(tp, rec)
+            return True
+        digest, token = mark_digest(message_id), dead_token(topic, partition, offset)
+        if self.dry_run:
+            views = await self.quorum.inspect(digest)
+            replies: list[int | None] = [
+                None if v is None else int(v.owner == token) for v in views
+            ]
+        else:
+            replies = [
+                None if r is None else r[0] for r in await self.quorum.release([digest], [token])
+            ]
+        outcome.deleted = sum(1 for r in replies if r)
+        outcome.no_answer = sum(1 for r in replies if r is None)
+        outcome.not_held = len(replies) - outcome.deleted - outcome.no_answer
+        # The instances that answered no longer hold the dead-letter mark: with a
+        # majority of them, the re-injected copy cannot be its duplicate.
+        if len(replies) - outcome.no_answer < self.quorum.majority:
+            outcome.reason = (
+                f"{outcome.no_answer} of {self.quorum.size} instances gave no answer; "
+                "stopped here, not committed past it"
+            )
+            self._report(self.stopped, outcome, "NOT redriven")
+            return False
+        if not self.dry_run:
+            original = [(k, v) for k, v in rec.headers if not k.startswith(PREFIX)]
+            try:
+                await self.producer.send_and_wait(topic, rec.value, key=rec.key, headers=original)
+            except KafkaError as exc:
+                outcome.reason = f"produce to {topic} failed: {exc!r}; stopped here"
+                self._report(self.stopped, outcome, "NOT redriven")
+                return False
+            await self._commit(tp, rec)
+        self._report(self.redriven, outcome, "would redrive" if self.dry_run else "redriven")
+        return True
+
+    async def _commit(self, tp: TopicPartition, rec: Record) -> None:
+        if not self.dry_run:
+            await self.consumer.commit({tp: rec.offset + 1})
+
+    def _report(self, into: list[_Outcome], outcome: _Outcome, verb: str) -> None:
+        into.append(outcome)
+        if self.text:
+            counts = (f"deleted {outcome.deleted}, not held {outcome.not_held}, "
+                      f"no answer {outcome.no_answer}")  # fmt: skip
+            where = f"{outcome.dead_letter} from {outcome.source or '?'}"
+            print(f"{verb} {outcome.id or '(no id)'} ({where}): {outcome.reason or counts}")
+
+
+def _when(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def _ttl(ttl_ms: int) -> str:

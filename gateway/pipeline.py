@@ -1,10 +1,11 @@
-"""One batch through the data path: extract ids, vote, forward, decide commits.
+"""One batch through the data path: extract ids, vote, classify, forward.
 
 The ordering rule that makes the gateway crash-safe: marks are claimed with
 the source record's own owner token *before* forwarding, and offsets are
-committed only *after* the broker acknowledged everything the batch forwarded.
-A crash anywhere in between replays the batch; the replayed records find marks
-they own, so they are forwarded again (a bounded duplicate), never dropped.
+committed only *after* the broker acknowledged everything the batch forwarded
+(gateway/checkpoint.py). A crash anywhere in between replays the batch; the
+replayed records find marks they own, so they are forwarded again (a bounded
+duplicate), never dropped.
 """
 
 from __future__ import annotations
@@ -12,71 +13,110 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from itertools import compress
+from typing import Any, Literal, cast
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import TopicPartition
 
+from gateway.coalesce import Coalescer
 from gateway.config import Settings
-from gateway.ids import BadRecord, build_extractor
-from gateway.keys import mark_digest, owner_token, source_ref
+from gateway.delay import Router
+from gateway.errors import BadRecord
+from gateway.ids import build_extractor
+from gateway.keys import mark_digest, owner_tokens
+from gateway.lanes import lane_headers
 from gateway.metrics import Metrics
 from gateway.quorum import Quorum
-from gateway.sink import OutRecord, Sink
-from gateway.vote import MINE, Outcome, Reply, decide
+from gateway.records import (
+    H_UNCERTAIN,
+    Headers,
+    OutRecord,
+    OutRow,
+    Record,
+    clean_rows,
+    quarantine_record,
+    source_ref,
+)
+from gateway.sink import Sink
+from gateway.vote import MINE, Outcome, decide
 
 logger = logging.getLogger(__name__)
 
-Record: TypeAlias = ConsumerRecord[bytes, bytes]
-H_ID, H_SOURCE, H_TOKEN, H_ATTEMPT = "dedup-id", "dedup-source", "dedup-token", "dedup-attempt"
-H_UNCERTAIN, H_ERROR = "dedup-uncertain", "dedup-error"
+Policy = Literal["block", "forward", "drop"]
 
 
 @dataclass(slots=True)
-class Claim:
-    record: Record
-    message_id: bytes
-    digest: bytes
-    owner: str
-    attempt: int = 1
-    outcome: Outcome = Outcome.UNDECIDED
+class PartitionBatch:
+    """One partition's records of a batch as parallel lists: no object per record."""
 
-
-@dataclass
-class BatchResult:
-    """What the caller must do after a batch was forwarded and acknowledged."""
-
-    commits: dict[TopicPartition, int] = field(default_factory=dict)  # next offset to read
-    blocked: dict[TopicPartition, int] = field(default_factory=dict)  # rewind here, pause
-    forwarded: int = 0
-    duplicates: int = 0
-    quarantined: int = 0
+    records: Sequence[Record]
+    ids: list[bytes | BadRecord]  # per record: its id, or why it has none
+    tokens: list[str]  # per record: its owner token
+    bad: int  # records without an id
+    outcomes: Sequence[Outcome | None] = ()  # per record, from the vote; None: no id
+    extra: Headers = ()  # headers every clean copy gains (`dedup-lane`)
+    to: str | None = None  # its lane's own clean topic; None: `[kafka] clean_topic`
 
 
 @dataclass
 class Decided:
-    """A voted batch, not yet forwarded."""
+    """A classified batch: what to forward, set aside, commit and block."""
 
-    result: BatchResult
-    forward: list[OutRecord]
-    quarantine: list[OutRecord]
+    forward: list[OutRow] = field(default_factory=list)  # to `[kafka] clean_topic`
+    forward_to: dict[str, list[OutRow]] = field(default_factory=dict)  # to a lane's own topic
+    quarantine: list[tuple[Record, BadRecord]] = field(default_factory=list)
+    commits: dict[TopicPartition, int] = field(default_factory=dict)  # next offset to read
+    blocked: dict[TopicPartition, int] = field(default_factory=dict)  # rewind here, pause
+    duplicates: int = 0
+    undecided: dict[str, int] = field(default_factory=dict)  # by action taken
 
 
-def clean_headers(
-    record: Record, message_id: bytes, token: str, extra: Sequence[tuple[str, bytes]] = ()
-) -> list[tuple[str, bytes]]:
-    """The raw headers (minus any stale dedup-*) plus this gateway's own."""
-    headers = list(record.headers)
-    if any(k.startswith("dedup-") for k, _ in headers):
-        headers = [(k, v) for k, v in headers if not k.startswith("dedup-")]
-    headers += [
-        (H_ID, message_id),
-        (H_SOURCE, source_ref(record.topic, record.partition, record.offset).encode()),
-        (H_TOKEN, token.encode()),
-        *extra,
-    ]
-    return headers
+def classify(batch: Mapping[TopicPartition, PartitionBatch], policy: Policy) -> Decided:
+    """What to do with each voted record (pure: no I/O).
+
+    Records are taken in partition order; under `block`, a partition stops at
+    its first undecided record, which is where it will be rewound, and nothing
+    after it is forwarded or committed. Per partition the work is done on
+    whole lists (counts, masks, one comprehension for the clean copies).
+    """
+    decided = Decided()
+    forward, undecided = Outcome.FORWARD, Outcome.UNDECIDED
+    for tp, part in batch.items():
+        records, ids, tokens, outcomes = part.records, part.ids, part.tokens, part.outcomes
+        stuck = undecided in outcomes
+        if stuck and policy == "block":
+            end = outcomes.index(undecided)
+            decided.blocked[tp] = records[end].offset
+            decided.undecided[policy] = decided.undecided.get(policy, 0) + 1
+            records, ids, tokens, outcomes = records[:end], ids[:end], tokens[:end], outcomes[:end]
+            stuck = False
+        if not records:
+            continue
+        decided.commits[tp] = records[-1].offset + 1
+        target = decided.forward if part.to is None else decided.forward_to.setdefault(part.to, [])
+        decided.duplicates += outcomes.count(Outcome.DUPLICATE)
+        if part.bad:
+            decided.quarantine += [
+                (rec, i) for rec, i in zip(records, ids, strict=True) if isinstance(i, BadRecord)
+            ]
+        if not stuck:
+            keep = [o is forward for o in outcomes]
+            kept_ids = cast(Iterable[bytes], compress(ids, keep))  # forwarded: they have ids
+            target += clean_rows(
+                list(compress(records, keep)), kept_ids, compress(tokens, keep), part.extra
+            )
+            continue
+        decided.undecided[policy] = decided.undecided.get(policy, 0) + outcomes.count(undecided)
+        # Rare (no majority, policy forward/drop): record by record, keeping their order.
+        for rec, i, token, outcome in zip(records, ids, tokens, outcomes, strict=True):
+            if not isinstance(i, BadRecord) and (
+                outcome is forward or (outcome is undecided and policy == "forward")
+            ):
+                extra = [(H_UNCERTAIN, b"1")] if outcome is undecided else []
+                target += clean_rows([rec], [i], [token], [*part.extra, *extra])
+    return decided
 
 
 class Pipeline:
@@ -85,134 +125,165 @@ class Pipeline:
         self.quorum = quorum
         self.sink = sink
         self.metrics = metrics
-        self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
-        self.policy = settings.dedup.on_no_quorum
+        self.extract: Callable[[Record], bytes]
+        self.extract = build_extractor(
+            settings.dedup.id, settings.dedup.max_id_bytes, settings.kafka.max_request_bytes
+        )
+        self.policy: Policy = settings.dedup.on_no_quorum
+        # Priority lanes (gateway/lanes.py): per raw topic, its lane's header and clean topic.
+        self.lane_extra = lane_headers(settings)
+        self.clean_to = {
+            topic: settings.clean_topic_of(topic)
+            for topic in settings.kafka.raw_topics
+            if settings.clean_topic_of(topic) != settings.kafka.clean_topic
+        }
+        # Scheduled delivery (gateway/delay.py): bad delay headers are bad input.
+        self.delay = Router(settings, metrics) if settings.delay.enabled else None
+        if self.delay is not None:
+            self.extract = self.delay.checked(self.extract)
+        # Coalescing windows (gateway/coalesce.py): a record without a key is bad input.
+        self.coalesce = Coalescer(settings, quorum, metrics) if settings.coalesce.enabled else None
+        if self.coalesce is not None:
+            self.extract = self.coalesce.checked(self.extract)
 
     async def decide(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> Decided:
-        """Extract ids and vote: what to forward, set aside, commit and block.
-
-        Claims the batch's marks; forwards nothing yet (see `finish`).
-        """
-        result = BatchResult()
-        claims: list[Claim] = []
-        judged: dict[TopicPartition, list[Claim | BadRecord]] = {}  # aligned with `batch`
+        """Extract ids, claim and vote, classify. Forwards nothing yet (see `finish`)."""
+        parts: dict[TopicPartition, PartitionBatch] = {}
+        claim_ids: list[bytes] = []
+        owners: list[str] = []
         for tp, records in batch.items():
             self.metrics.records_in.labels(tp.topic).inc(len(records))
-            verdicts: list[Claim | BadRecord] = []
-            judged[tp] = verdicts
+            ids, bad = self._ids(records)
+            tokens = owner_tokens(tp.topic, tp.partition, [r.offset for r in records])
+            parts[tp] = PartitionBatch(
+                records, ids, tokens, bad, extra=self.lane_extra.get(tp.topic, ()),
+                to=self.clean_to.get(tp.topic),
+            )  # fmt: skip
+            if not bad:
+                claim_ids += cast(list[bytes], ids)  # every record has an id
+                owners += tokens
+            else:
+                for i, token in zip(ids, tokens, strict=True):
+                    if not isinstance(i, BadRecord):
+                        claim_ids.append(i)
+                        owners.append(token)
+        outcomes = await self.vote(claim_ids, owners)
+        at = 0
+        for part in parts.values():
+            if not part.bad:
+                part.outcomes = outcomes[at : at + len(part.ids)]
+                at += len(part.ids)
+                continue
+            aligned: list[Outcome | None] = []
+            for i in part.ids:
+                if isinstance(i, BadRecord):
+                    aligned.append(None)
+                else:
+                    aligned.append(outcomes[at])
+                    at += 1
+            part.outcomes = aligned
+        decided = classify(parts, self.policy)
+        for action, count in decided.undecided.items():
+            self.metrics.undecided.labels(action).inc(count)
+        return decided
+
+    def _ids(self, records: Sequence[Record]) -> tuple[list[bytes | BadRecord], int]:
+        """Each record's id, or the BadRecord saying why it has none; and how many have none."""
+        try:
+            return list(map(self.extract, records)), 0
+        except BadRecord:  # rare: again record by record, keeping the reasons
+            ids: list[bytes | BadRecord] = []
             for rec in records:
                 try:
-                    message_id = self.extract(rec)
+                    ids.append(self.extract(rec))
                 except BadRecord as exc:
-                    verdicts.append(exc)
-                    continue
-                owner = owner_token(rec.topic, rec.partition, rec.offset)
-                claim = Claim(rec, message_id, mark_digest(message_id), owner)
-                claims.append(claim)
-                verdicts.append(claim)
+                    ids.append(exc)
+            return ids, sum(isinstance(i, BadRecord) for i in ids)
 
-        for claim, outcome in zip(claims, await self.vote(claims), strict=True):
-            claim.outcome = outcome
-        forward: list[OutRecord] = []
-        quarantine: list[OutRecord] = []
-        for tp, records in batch.items():
-            next_offset = None
-            for rec, verdict in zip(records, judged[tp], strict=True):
-                if isinstance(verdict, BadRecord):
-                    quarantine.append(self._quarantined(rec, verdict))
-                    result.quarantined += 1
-                    next_offset = rec.offset + 1
-                    continue
-                claim, outcome = verdict, verdict.outcome
-                if outcome is Outcome.FORWARD:
-                    forward.append(self._clean(claim, uncertain=False))
-                    result.forwarded += 1
-                elif outcome is Outcome.DUPLICATE:
-                    result.duplicates += 1
-                elif self.policy == "block":
-                    result.blocked[tp] = rec.offset
-                    self.metrics.undecided.labels("block").inc()
-                    break
-                elif self.policy == "forward":
-                    forward.append(self._clean(claim, uncertain=True))
-                    result.forwarded += 1
-                    self.metrics.undecided.labels("forward").inc()
-                else:
-                    self.metrics.undecided.labels("drop").inc()
-                next_offset = rec.offset + 1
-            if next_offset is not None:
-                result.commits[tp] = next_offset
+    async def finish(self, decided: Decided) -> dict[TopicPartition, int]:
+        """Forward a decided batch, wait for the broker's acknowledgements; the offsets
+        to commit."""
+        # Records not yet due go to a delay tier instead (gateway/delay.py); with
+        # coalescing, every one waits there for its window's close (gateway/coalesce.py).
+        if self.coalesce is not None and self.delay is not None:
+            updated = await self.coalesce.update(decided.forward)
+            forward, delayed = self.delay.route(
+                [row for row, _ in updated], [close for _, close in updated]
+            )
+        elif self.delay is not None:
+            forward, delayed = self.delay.route(decided.forward)
+        else:
+            forward, delayed = decided.forward, {}
+        await asyncio.gather(
+            self.deliver(self.settings.kafka.clean_topic, forward),
+            *(self.deliver(tier, records) for tier, records in delayed.items()),
+            *(self.deliver(topic, records) for topic, records in decided.forward_to.items()),
+        )
+        self._observe_latency(forward)
+        for records in decided.forward_to.values():
+            self._observe_latency(records)
+        quarantine = [self._quarantined(rec, exc) for rec, exc in decided.quarantine]
+        await self.deliver(self.settings.kafka.quarantine_topic, quarantine)
+        self.metrics.forwarded.inc(
+            len(decided.forward) + sum(map(len, decided.forward_to.values()))
+        )
+        self.metrics.duplicates.inc(decided.duplicates)
+        return decided.commits
 
-        return Decided(result, forward, quarantine)
-
-    async def finish(self, decided: Decided) -> BatchResult:
-        """Forward a decided batch and wait for the broker's acknowledgements."""
-        await self.deliver(self.settings.kafka.clean_topic, decided.forward)
-        self._observe_latency(decided.forward)
-        await self.deliver(self.settings.kafka.quarantine_topic, decided.quarantine)
-        self.metrics.forwarded.inc(decided.result.forwarded)
-        self.metrics.duplicates.inc(decided.result.duplicates)
-        return decided.result
-
-    async def vote(self, claims: Sequence[Claim]) -> list[Outcome]:
-        """Claim every mark on every instance (one call each), decide, repair minorities."""
-        if not claims:
+    async def vote(self, ids: Sequence[bytes], owners: Sequence[str]) -> list[Outcome]:
+        """Claim every id's mark for its owner on every instance, decide on the trusted
+        instances' answers, repair the marks that differ from the winner, queue the
+        winner's mark for the instances that gave no answer (gateway/quorum.py)."""
+        if not ids:
             return []
         if not self.settings.dedup.enabled:
-            return [Outcome.FORWARD] * len(claims)
-        replies = await self.quorum.claim([c.digest for c in claims], [c.owner for c in claims])
+            return [Outcome.FORWARD] * len(ids)
+        digests = list(map(mark_digest, ids))
+        replies = await self.quorum.claim(digests, owners)
+        counted = self.quorum.counted()
+        masked = not all(counted)  # a recovering instance answers, but its answers do not count
         quorum = self.quorum.majority
         outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
-        rows: list[tuple[Reply, ...]] = list(zip(*replies, strict=True))
+        fills: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
         all_mine = (MINE,) * len(replies)
-        for claim, row in zip(claims, rows, strict=True):
-            if row == all_mine:  # the common case (new everywhere, or our replay): no counting
+        for digest, owner, row in zip(digests, owners, zip(*replies, strict=True), strict=True):
+            if row == all_mine and not masked:  # the common case: no counting
                 outcomes.append(Outcome.FORWARD)
                 continue
-            decision = decide(claim.owner, row, quorum)
+            votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
+            decision = decide(owner, votes, quorum)
             outcomes.append(decision.outcome)
             if decision.winner is None:
                 continue
             for i, reply in enumerate(row):
-                seen = claim.owner if reply == MINE else reply
-                if reply is not None and seen != decision.winner:
-                    assert isinstance(seen, str)
-                    repairs[i].append((claim.digest, seen, decision.winner))
+                if reply is None:
+                    fills[i].append((digest, decision.winner, owner))
+                    continue
+                seen = owner if reply == MINE else reply
+                if seen != decision.winner:
+                    repairs[i].append((digest, str(seen), decision.winner))
         if any(repairs):
             await self.quorum.repair(repairs)
+        if any(fills):
+            self.quorum.queue_fills(fills)
         return outcomes
 
-    async def deliver(self, topic: str, records: Sequence[OutRecord]) -> None:
+    async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:
         """Produce and wait for the broker's acknowledgement of every record."""
         if records:
             futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
             await asyncio.gather(*futures)
 
-    def _observe_latency(self, acknowledged: Sequence[OutRecord]) -> None:
-        """End-to-end age of each forwarded record (raw timestamp to clean ack)."""
-        now_ms = time.time() * 1000
-        observe = self.metrics.forward_latency.observe
-        for rec in acknowledged:
-            if rec.timestamp_ms is not None:
-                observe((now_ms - rec.timestamp_ms) / 1000)
-
-    def _clean(self, claim: Claim, uncertain: bool) -> OutRecord:
-        rec = claim.record
-        extra: list[tuple[str, bytes]] = []
-        if claim.attempt > 1:
-            extra.append((H_ATTEMPT, str(claim.attempt).encode()))
-        if uncertain:
-            extra.append((H_UNCERTAIN, b"1"))
-        headers = clean_headers(rec, claim.message_id, claim.owner, extra)
-        return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
+    def _observe_latency(self, acknowledged: Sequence[OutRow]) -> None:
+        """End-to-end age of the forwarded records (raw timestamp to clean ack)."""
+        self.metrics.observe_forward_latency(time.time() * 1000, [r[2] for r in acknowledged])
 
     def _quarantined(self, rec: Record, exc: BadRecord) -> OutRecord:
         self.metrics.quarantined.labels(exc.reason).inc()
-        logger.warning("quarantined %s: %s", source_ref(rec.topic, rec.partition, rec.offset), exc)
-        headers = [
-            *rec.headers,
-            (H_ERROR, str(exc).encode()),
-            (H_SOURCE, source_ref(rec.topic, rec.partition, rec.offset).encode()),
-        ]
-        return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
+        where = source_ref(rec.topic, rec.partition, rec.offset)
+        logger.warning(
+            "quarantined %s: %s", where, exc,
+            extra={"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},
+        )  # fmt: skip
+        return quarantine_record(rec, str(exc), self.settings.kafka.max_request_bytes)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 MINE = 1
@@ -37,13 +37,22 @@ class Decision:
 
 
 def decide(own: str, replies: Sequence[Reply], quorum: int) -> Decision:
-    """Decide one record from its per-instance replies (see module docstring)."""
+    """Decide one record from its per-instance replies (see module docstring).
+
+    A reply that is not counted (an instance that lost its marks) is passed as
+    None: it can only make a decision UNDECIDED, never change it.
+    """
     owners = Counter(own if reply == MINE else str(reply) for reply in replies if reply is not None)
     if not owners:
         return Decision(Outcome.UNDECIDED, None)
-    # Most marks first; among equals, the smallest token (a rule every gateway shares).
-    # (len, text) orders decimal tokens numerically without parsing foreign values.
-    winner, marks = min(owners.items(), key=lambda item: (-item[1], len(item[0]), item[0]))
+    winner, marks = leader(owners)
     if marks < quorum and sum(owners.values()) < len(replies):
         return Decision(Outcome.UNDECIDED, None)
     return Decision(Outcome.FORWARD if winner == own else Outcome.DUPLICATE, winner)
+
+
+def leader(owners: Mapping[str, int]) -> tuple[str, int]:
+    """The owner with the most marks and its count; among equals, the smallest token
+    (a rule every gateway, and a rebuild, shares). `owners` must not be empty."""
+    # (len, text) orders decimal tokens numerically without parsing foreign values.
+    return min(owners.items(), key=lambda item: (-item[1], len(item[0]), item[0]))

@@ -13,15 +13,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
-from gateway.config import ENV_PREFIX, ConfigError, Duration, KafkaSettings, _describe
+from gateway.config import Duration, KafkaSettings, LogSettings, TomlSettings, load
 
 DEFAULT_HANDLER = "spark_sink.handlers:orders"
 
@@ -31,9 +26,10 @@ class SparkSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Offsets, state (the dedup-id window) and release-command markers live here.
-    # Keep it on a local or shared POSIX path: the release markers are plain files.
-    checkpoint_dir: Path = Path("var/spark/checkpoint")
+    # Offsets, state (the dedup window), stored batch outcomes and release-command
+    # markers live here; a local path or any Hadoop URI (hdfs://, s3a://): every
+    # file goes through Hadoop's FileSystem API.
+    checkpoint_dir: str = "var/spark/checkpoint"
     # Successful records land in `<output_path>/batch_id=<n>/` (Parquet). Any Hadoop
     # URI Spark can write works (file:, hdfs:, s3a: with its connector on the classpath).
     output_path: str = "var/spark/output"
@@ -45,7 +41,7 @@ class SparkSettings(BaseModel):
     # (Spark's maxOffsetsPerTrigger).
     max_records_per_batch: int = Field(default=10_000, ge=1, le=10_000_000)
     trigger_interval: Duration = timedelta(seconds=1)
-    # How long a (dedup-id, attempt) is remembered to drop the gateway's crash-window
+    # How long a delivery (dedup-token) is remembered to drop the gateway's crash-window
     # duplicates; measured in processing time (micro-batch start), not record time.
     dedup_watermark: Duration = timedelta(minutes=10)
     # "auto": Spark's own Kafka connector when its classes are on the classpath,
@@ -74,34 +70,15 @@ class SparkSettings(BaseModel):
         return value
 
 
-class SinkSettings(BaseSettings):
+class SinkSettings(TomlSettings):
     """Every setting the Spark job reads. Build it with `load_sink_settings`."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore"
-    )
+    # The gateway's own sections ([redis], [dedup], ...) are in the same file.
+    model_config = SettingsConfigDict(extra="ignore")
 
     kafka: KafkaSettings = KafkaSettings()
     spark: SparkSettings = SparkSettings()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = _TOML_FILE.get("path")
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if toml_file is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
-        return tuple(sources)
-
-
-# Handed to settings_customise_sources for the duration of one load (as in gateway.config).
-_TOML_FILE: dict[str, Path] = {}
+    log: LogSettings = LogSettings()
 
 
 def load_sink_settings(path: Path | None = None, **overrides: Any) -> SinkSettings:
@@ -109,38 +86,4 @@ def load_sink_settings(path: Path | None = None, **overrides: Any) -> SinkSettin
 
     `overrides` are whole sections, e.g. `spark={"output_path": "/tmp/out"}`.
     """
-    if path is not None and not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    _TOML_FILE.clear()
-    if path is not None:
-        _TOML_FILE["path"] = path
-    try:
-        return SinkSettings(**overrides)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
-    except ValueError as exc:  # malformed TOML or env JSON
-        raise ConfigError(f"cannot read configuration: {exc}") from None
-    finally:
-        _TOML_FILE.clear()
-
-
-def kafka_client_config(kafka: KafkaSettings) -> dict[str, str]:
-    """librdkafka (confluent-kafka) connection and security options from `[kafka]`."""
-    config = {
-        "bootstrap.servers": kafka.bootstrap_servers,
-        "security.protocol": kafka.security_protocol.lower(),
-    }
-    if kafka.sasl_mechanism:
-        config["sasl.mechanism"] = kafka.sasl_mechanism
-    if kafka.sasl_username is not None:
-        config["sasl.username"] = kafka.sasl_username
-    if kafka.sasl_password is not None:
-        config["sasl.password"] = kafka.sasl_password.get_secret_value()
-    for key, path in (
-        ("ssl.ca.location", kafka.ssl_cafile),
-        ("ssl.certificate.location", kafka.ssl_certfile),
-        ("ssl.key.location", kafka.ssl_keyfile),
-    ):
-        if path is not None:
-            config[key] = str(path)
-    return config
+    return load(SinkSettings, path, **overrides)

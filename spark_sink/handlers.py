@@ -5,31 +5,36 @@ config as `spark.handler = "module:function"` (or, with `spark.handler_options`,
 a factory called with those keyword arguments that returns the handler). It
 gets one micro-batch of deduplicated records: the Kafka columns (key, value,
 topic, partition, offset, timestamp, timestampType, headers) plus dedup_id,
-dedup_source, dedup_token, dedup_attempt and processed_at. It returns one row
-per record it has an outcome for, keeping the `dedup_*` columns and adding
-`reason` (string): null means success, anything else is why the record failed.
+dedup_source, dedup_token, dedup_attempt, dedup_reasons, dedup_id_bytes and
+processed_at. It returns one row per record it has an outcome for, keeping the
+`dedup_*` columns and adding `reason` (string): null means success, anything
+else is why the record failed. (A result without dedup_id_bytes still works:
+its release commands then name the id by dedup_id, which is exact only for
+ids that are valid UTF-8.)
 
-- rows with a null reason are written to Parquet (minus reason and dedup_token);
+- rows with a null reason are written to Parquet (minus reason, dedup_token,
+  dedup_reasons and dedup_id_bytes);
 - rows with a reason become release commands on the failure topic;
 - records the handler leaves out are neither (deliberately filtered);
 - if the handler raises, or its result cannot be computed, every record of
   the batch fails with the exception text as reason; the stream goes on.
 
 Handlers run on the driver and should stay lazy (return a DataFrame plan);
-the sink evaluates the result once.
+the sink evaluates the result once per micro-batch and stores it: a re-run of
+the batch reuses the stored outcomes instead of calling the handler again.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from spark_sink.transforms import DEDUP_COLUMNS, REASON
+from spark_sink.transforms import DEDUP_COLUMNS, ID_BYTES, REASON
 
 Handler = Callable[[DataFrame], DataFrame]
 REQUIRED_COLUMNS = (*DEDUP_COLUMNS, REASON)
@@ -54,6 +59,7 @@ ORDER_COLUMNS = (
     "dedup_attempt",
     "dedup_token",
     "dedup_reasons",
+    ID_BYTES,
     REASON,
 )
 
@@ -97,36 +103,20 @@ def orders(records: DataFrame) -> DataFrame:
     )
 
 
+def passthrough(records: DataFrame) -> DataFrame:
+    """Every record succeeds: the records as they come, with a null `reason`.
+
+    The deploy default when there is no business step yet: the clean topic,
+    deduplicated once more, lands in the Parquet output.
+    """
+    return records.withColumn(REASON, F.lit(None).cast(StringType()))
+
+
 def customer_totals(written_orders: DataFrame) -> DataFrame:
     """Orders and amount per customer over written order rows (e.g. the Parquet output)."""
     return written_orders.groupBy("customer").agg(
         F.count("*").alias("orders"), F.sum("amount").alias("amount")
     )
-
-
-def failing_ids(
-    ids: Iterable[str],
-    reason: str = "rejected for test",
-    inner: str | Handler = "orders",
-    up_to_attempt: int | None = None,
-) -> Handler:
-    """A handler factory: `inner`, except the records whose dedup_id is in `ids` fail
-    (only while their attempt is at most `up_to_attempt`, when given).
-
-    Config form: `handler = "spark_sink.handlers:failing_ids"` with
-    `handler_options = {ids = ["o-1", "o-7"], up_to_attempt = 2}`.
-    """
-    chosen = sorted(set(ids))
-    base = resolve_handler(inner) if isinstance(inner, str) else inner
-
-    def handler(records: DataFrame) -> DataFrame:
-        result = base(records)
-        rejected = F.col("dedup_id").isin(chosen)
-        if up_to_attempt is not None:
-            rejected = rejected & (F.col("dedup_attempt") <= up_to_attempt)
-        return result.withColumn(REASON, F.when(rejected, F.lit(reason)).otherwise(F.col(REASON)))
-
-    return handler
 
 
 def resolve_handler(spec: str, options: dict[str, Any] | None = None) -> Handler:

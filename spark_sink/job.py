@@ -16,15 +16,15 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from gateway.kafka import java_client_options, librdkafka_options
 from spark_sink import kafka_source
-from spark_sink.config import SinkSettings, kafka_client_config
+from spark_sink.config import SinkSettings
 from spark_sink.handlers import Handler, resolve_handler
 from spark_sink.sink import BatchSink
 from spark_sink.transforms import drop_duplicate_deliveries, parse_dedup_headers
@@ -91,11 +91,11 @@ def read_clean_topic(spark: SparkSession, settings: SinkSettings) -> DataFrame:
     """The clean topic as a stream of Kafka-shaped rows (`kafka_source.SCHEMA`)."""
     kafka, conf = settings.kafka, settings.spark
     use_native = conf.source == "native" or (conf.source == "auto" and connector_available(spark))
-    client = kafka_client_config(kafka)
+    client = librdkafka_options(kafka)
     if use_native:
         logger.info("reading %s with Spark's Kafka connector", kafka.clean_topic)
         reader = spark.readStream.format("kafka").option("includeHeaders", "true")
-        for key, value in _java_client_options(settings).items():
+        for key, value in java_client_options(kafka).items():
             reader = reader.option(f"kafka.{key}", value)
     else:
         logger.info("reading %s with the Python Kafka source", kafka.clean_topic)
@@ -110,36 +110,12 @@ def read_clean_topic(spark: SparkSession, settings: SinkSettings) -> DataFrame:
     )
 
 
-def _java_client_options(settings: SinkSettings) -> dict[str, str]:
-    """Kafka Java client options for the native connector (PEM CA file; SASL via JAAS)."""
-    kafka = settings.kafka
-    options = {
-        "bootstrap.servers": kafka.bootstrap_servers,
-        "security.protocol": kafka.security_protocol,
-    }
-    if kafka.sasl_mechanism:
-        module = (
-            "org.apache.kafka.common.security.plain.PlainLoginModule"
-            if kafka.sasl_mechanism == "PLAIN"
-            else "org.apache.kafka.common.security.scram.ScramLoginModule"
-        )
-        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else ""
-        options["sasl.mechanism"] = kafka.sasl_mechanism
-        options["sasl.jaas.config"] = (
-            f'{module} required username="{kafka.sasl_username or ""}" password="{password}";'
-        )
-    if kafka.ssl_cafile is not None:
-        options["ssl.truststore.type"] = "PEM"
-        options["ssl.truststore.location"] = str(kafka.ssl_cafile)
-    return options
-
-
 def make_sink(settings: SinkSettings, handler: Handler | None = None) -> BatchSink:
     """The foreachBatch sink; `handler` overrides the configured one (tests, embedding)."""
     if handler is None:
         handler = resolve_handler(settings.spark.handler, settings.spark.handler_options or None)
     producer_config: dict[str, Any] = {
-        **kafka_client_config(settings.kafka),
+        **librdkafka_options(settings.kafka),
         "acks": "all",
         "enable.idempotence": settings.kafka.producer_idempotence,
         "linger.ms": 5,
@@ -147,7 +123,7 @@ def make_sink(settings: SinkSettings, handler: Handler | None = None) -> BatchSi
     return BatchSink(
         handler=handler,
         output_path=settings.spark.output_path,
-        checkpoint_dir=settings.spark.checkpoint_dir,
+        checkpoint_dir=str(settings.spark.checkpoint_dir),
         failure_topic=settings.kafka.failure_topic,
         producer_config=producer_config,
     )
@@ -168,7 +144,7 @@ def start_query(
     )
     writer = (
         records.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(spark_checkpoint(settings)))
+        .option("checkpointLocation", spark_checkpoint(settings))
         .queryName(settings.spark.app_name.replace("-", "_"))
     )
     if available_now:
@@ -179,9 +155,10 @@ def start_query(
     return writer.start()
 
 
-def spark_checkpoint(settings: SinkSettings) -> Path:
-    """Spark's own checkpoint (offsets, commits, state) inside `spark.checkpoint_dir`."""
-    return settings.spark.checkpoint_dir / "query"
+def spark_checkpoint(settings: SinkSettings) -> str:
+    """Spark's own checkpoint (offsets, commits, state) inside `spark.checkpoint_dir`
+    (a local path or a Hadoop URI)."""
+    return f"{str(settings.spark.checkpoint_dir).rstrip('/')}/query"
 
 
 def run_until_idle(

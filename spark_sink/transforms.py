@@ -12,14 +12,20 @@ from datetime import timedelta
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-# Headers the gateway adds to every clean record (values are UTF-8).
-HEADER_ID = "dedup-id"
-HEADER_SOURCE = "dedup-source"
-HEADER_TOKEN = "dedup-token"
-HEADER_ATTEMPT = "dedup-attempt"
-HEADER_REASONS = "dedup-reasons"  # JSON list of earlier failure reasons, on retried records
+from gateway.records import H_ATTEMPT as HEADER_ATTEMPT
+from gateway.records import H_ID as HEADER_ID
+from gateway.records import H_REASONS as HEADER_REASONS
+from gateway.records import H_SOURCE as HEADER_SOURCE
+from gateway.records import H_TOKEN as HEADER_TOKEN
+
+# The headers the gateway adds to every clean record are gateway.records' (values
+# are ASCII, except dedup-id, which holds the id's exact bytes: a binary Kafka key,
+# or any bytes of a header).
 
 DEDUP_COLUMNS = ("dedup_id", "dedup_source", "dedup_token", "dedup_attempt", "dedup_reasons")
+# The exact dedup-id bytes (dedup_id is their UTF-8 reading, with U+FFFD for invalid bytes).
+# Release commands carry them as `id_b64`; a handler result without it falls back to dedup_id.
+ID_BYTES = "dedup_id_bytes"
 REASON = "reason"
 # Processing time of the micro-batch (Spark journals it, so a replayed batch sees the same).
 PROCESSED_AT = "processed_at"
@@ -28,16 +34,22 @@ _DEDUP_KEY = "_dedup_key"
 _SOURCE_PATTERN = r"^(.+)/(\d+)/(\d+)$"
 
 
+def header_bytes(name: str) -> Column:
+    """The first value of header `name` as bytes, null when absent."""
+    matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
+    return F.get(matches, 0)["value"]
+
+
 def header(name: str) -> Column:
     """The first value of header `name` as a UTF-8 string, null when absent."""
-    matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
-    return F.get(matches, 0)["value"].cast("string")
+    return header_bytes(name).cast("string")
 
 
 def parse_dedup_headers(records: DataFrame) -> DataFrame:
     """Add dedup_id, dedup_source, dedup_token (strings), dedup_attempt (int,
-    1 when the header is absent or not a number) and dedup_reasons (earlier
-    failure reasons, array of strings, empty when absent) from the headers."""
+    1 when the header is absent or not a number), dedup_reasons (earlier
+    failure reasons, array of strings, empty when absent) and dedup_id_bytes
+    (the dedup-id header's exact bytes) from the headers."""
     attempt = header(HEADER_ATTEMPT).try_cast("int")
     return records.select(
         "*",
@@ -48,6 +60,7 @@ def parse_dedup_headers(records: DataFrame) -> DataFrame:
         F.coalesce(
             F.from_json(header(HEADER_REASONS), "array<string>"), F.array().cast("array<string>")
         ).alias("dedup_reasons"),
+        header_bytes(HEADER_ID).alias(ID_BYTES),
     )
 
 
@@ -56,26 +69,46 @@ def interval(duration: timedelta) -> str:
     return f"{round(duration.total_seconds() * 1000)} milliseconds"
 
 
+def delivery_key() -> Column:
+    """What identifies one delivery of one source record and attempt (a string).
+
+    The gateway's dedup-token is exactly that: a hash of the source record's
+    topic/partition/offset and attempt. A crash replay of the same source record
+    carries the same token; a retry, a producer resend after a release, or an
+    operator redrive is a new source record or attempt, with a new token.
+    Without a token (records not from the gateway) the key is (dedup_id,
+    dedup_source, dedup_attempt); without a dedup-id either, the record's own
+    clean-topic coordinates, so such records are never merged.
+    """
+    by_source = F.to_json(F.struct("dedup_id", "dedup_source", "dedup_attempt"))
+    by_coordinates = F.to_json(F.struct("topic", "partition", "offset"))
+    return (
+        F.when(F.col("dedup_token").isNotNull(), F.concat(F.lit("token:"), "dedup_token"))
+        .when(F.col("dedup_id").isNotNull(), F.concat(F.lit("source:"), by_source))
+        .otherwise(F.concat(F.lit("clean:"), by_coordinates))
+    )
+
+
 def drop_duplicate_deliveries(records: DataFrame, window: timedelta) -> DataFrame:
-    """Keep the first delivery of each (dedup_id, dedup_attempt) seen within `window`.
+    """Keep the first delivery of each source record and attempt (`delivery_key`)
+    seen within `window`.
 
     The second line of defence behind the gateway: a gateway crash between
     forwarding and recording can forward one raw record twice, with the same
-    id and attempt. A deliberate retry carries a higher attempt and passes.
+    token. A retry, a resend after a release and a redrive carry new tokens
+    and pass, even under the same id and attempt.
 
     Time is the micro-batch's processing time, not the record timestamp: the
     gateway keeps the raw timestamp, so a retry forwarded hours later would be
-    "late" against an event-time watermark and silently dropped. Records
-    without a dedup-id are never merged (their key is their own coordinates).
-    Needs a streaming DataFrame; the state lives in the query's checkpoint.
+    "late" against an event-time watermark and silently dropped. The state
+    (one key per delivery, expired by the watermark) lives in the query's
+    checkpoint; its key columns (a string and dedup_attempt) are what they were
+    when the key was (dedup_id, dedup_attempt), so an existing checkpoint restarts.
+    Needs a streaming DataFrame.
     """
-    key = F.coalesce(
-        F.col("dedup_id"),
-        F.concat_ws("/", F.lit("\u0000no-id"), "topic", "partition", "offset"),
-    )
     return (
         records.withColumn(PROCESSED_AT, F.current_timestamp())
-        .withColumn(_DEDUP_KEY, key)
+        .withColumn(_DEDUP_KEY, delivery_key())
         .withWatermark(PROCESSED_AT, interval(window))
         .dropDuplicatesWithinWatermark([_DEDUP_KEY, "dedup_attempt"])
         .drop(_DEDUP_KEY)
@@ -85,11 +118,13 @@ def drop_duplicate_deliveries(records: DataFrame, window: timedelta) -> DataFram
 def split_results(results: DataFrame) -> tuple[DataFrame, DataFrame]:
     """(ok, failed) rows of a handler's result: failed rows have a non-null reason.
 
-    The ok rows lose `reason`, `dedup_token` (a release credential, not data)
-    and `dedup_reasons` (failure history, carried by release commands).
+    The ok rows lose `reason`, `dedup_token` (a release credential, not data),
+    `dedup_reasons` (failure history, carried by release commands) and
+    `dedup_id_bytes` (carried by release commands; the output keeps its schema).
     """
     failed = results.where(F.col(REASON).isNotNull())
-    ok = results.where(F.col(REASON).isNull()).drop(REASON, "dedup_token", "dedup_reasons")
+    ok = results.where(F.col(REASON).isNull())
+    ok = ok.drop(REASON, "dedup_token", "dedup_reasons", ID_BYTES)
     return ok, failed
 
 
@@ -98,19 +133,33 @@ def all_failed(records: DataFrame, reason: str) -> DataFrame:
     return records.withColumn(REASON, F.lit(reason))
 
 
+def with_id_bytes(results: DataFrame) -> DataFrame:
+    """`results` with dedup_id_bytes; a handler result that dropped it gets dedup_id's
+    UTF-8 bytes (exact for every id that is valid UTF-8)."""
+    if ID_BYTES in results.columns:
+        return results
+    return results.withColumn(ID_BYTES, F.col("dedup_id").cast("binary"))
+
+
 def release_commands(failed: DataFrame) -> DataFrame:
     """Failure-topic records (key, value as bytes) for failed rows that can be released.
 
-    value: `{"id", "token", "reason", "source": {"topic", "partition", "offset"},
-    "attempt", "reasons"}` (`reasons`: the earlier failures' reasons, which the
-    gateway carries onto the dead letter). Rows without a dedup-id, a token or a
-    parseable dedup-source (`topic/partition/offset`, the topic may hold slashes)
-    cannot be released:
+    key: the id's exact bytes (dedup_id_bytes). value: `{"id", "id_b64", "token",
+    "reason", "source": {"topic", "partition", "offset"}, "attempt", "reasons"}`:
+    `id` is the id read as UTF-8 (invalid bytes become U+FFFD: for people),
+    `id_b64` the standard base64 of its exact bytes (what the gateway acts on),
+    `reasons` the earlier failures' reasons, which the gateway carries onto the
+    dead letter. Rows without a dedup-id, a token or a parseable dedup-source
+    (`topic/partition/offset`, the topic may hold slashes) cannot be released:
     the gateway rejects such a command, so none is made.
     """
+    failed = with_id_bytes(failed)
     parts = [F.regexp_extract(F.col("dedup_source"), _SOURCE_PATTERN, i) for i in (1, 2, 3)]
+    # Spark's base64 breaks lines every 76 characters (MIME); the command wants one string.
+    id_b64 = F.regexp_replace(F.base64(F.col(ID_BYTES)), r"[\r\n]", "")
     body = F.struct(
         F.col("dedup_id").alias("id"),
+        id_b64.alias("id_b64"),
         F.col("dedup_token").alias("token"),
         F.col(REASON).cast("string").alias("reason"),
         F.struct(
@@ -123,10 +172,11 @@ def release_commands(failed: DataFrame) -> DataFrame:
     )
     releasable = (
         F.col("dedup_id").isNotNull()
+        & F.col(ID_BYTES).isNotNull()
         & F.col("dedup_token").isNotNull()
         & F.col("dedup_source").rlike(_SOURCE_PATTERN)
     )
     return failed.where(releasable).select(
-        F.col("dedup_id").cast("binary").alias("key"),
+        F.col(ID_BYTES).alias("key"),
         F.to_json(body, {"ignoreNullFields": "false"}).cast("binary").alias("value"),
     )

@@ -4,13 +4,27 @@ loopback ports under pytest's temporary folder."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from gateway.localstack import ManagedProcess, redis_server, tansu_broker
+from devtools.localstack import ManagedProcess, redis_server, tansu_broker
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """Undo what a command run in-process (`bench.run.main`, `gateway.cli`) did to the
+    logging set-up: root handlers and levels are process-wide, and a later test's
+    caplog would miss records below the level it left behind."""
+    root, aiokafka = logging.getLogger(), logging.getLogger("aiokafka")
+    handlers, level, aiokafka_level = root.handlers[:], root.level, aiokafka.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    aiokafka.setLevel(aiokafka_level)
 
 
 @pytest.fixture(scope="session")

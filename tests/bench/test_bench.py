@@ -23,6 +23,7 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     code = run.main([
         "--records", "2000", "--naive-records", "300", "--shares", "0", "0.5",
         "--rounds", "1", "--latency-seconds", "2", "--warmup-seconds", "0.5",
+        "--latency-rates", "500", "--delay-records", "0",
         "--out", str(tmp_path / "out"), "--results-md", str(results_md),
     ])  # fmt: skip
     assert code == 0  # 1 when any run's counts differ from the traffic
@@ -35,13 +36,22 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     for r in runs:
         assert r["correct"], r
         assert r["forwarded"] + r["duplicates"] == r["records"]
-        if r["share"] == 0.5 and r["variant"] != "forwarder":
+        if r["share"] == 0.5 and r["variant"] not in ("forwarder", "client-ceiling"):
             assert r["duplicates"] > 0.3 * r["records"], r
-    assert {lat["variant"] for lat in written["latency"]} == {v.name for v in VARIANTS} | {FLOOR}
+    # Every variant that can carry them, and the floor, at each of the same loads.
+    latency = {(lat["variant"], lat["load"]) for lat in written["latency"]}
+    assert latency == {
+        (name, load)
+        for name in [v.name for v in VARIANTS if v.fixed_load] + [FLOOR]
+        for load in ("500/s", report.HALF_FORWARDER)
+    }
     assert all(lat["correct"] and lat["samples"] > 0 for lat in written["latency"])
+    assert all(lat["p99_added_ms"] is not None for lat in written["latency"])
+    assert written["scaling"]["ratio"] > 0  # gateway-3x2 against gateway-3x1
     assert (tmp_path / "out" / "results.png").stat().st_size > 10_000
     text = results_md.read_text()
-    assert "kept text" in text and "| gateway-3 / forwarder |" in text
+    assert "kept text" in text and "| forwarder / client-ceiling |" in text
+    assert "| gateway-3 p99 over broker-floor, ms | 500/s |" in text
 
 
 def _run(variant: str, round_no: int, seconds: float) -> ThroughputRun:

@@ -8,16 +8,16 @@ import random
 import signal
 from pathlib import Path
 
-from gateway.topics import committed_offsets, wait_committed
-from gateway.traffic import produce_traffic
-from tests.conftest import redis_urls
-from tests.integration.gateway_harness import (
+from devtools.harness import (
     Topics,
     clean_ids,
     make_settings,
     start_process,
     write_toml,
 )
+from devtools.topics import committed_offsets, wait_committed
+from devtools.traffic import produce_traffic
+from tests.conftest import redis_urls
 
 KILLS = 4
 BATCH = 500

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.topics import read_topic, wait_committed
-from gateway.traffic import produce_traffic
+from devtools.harness import Topics, ids_of, make_settings, running
+from devtools.topics import read_topic, wait_committed
+from devtools.traffic import produce_traffic
 from tests.conftest import redis_urls
-from tests.integration.gateway_harness import Topics, ids_of, make_settings, running
 
 
 @pytest.mark.parametrize("instances", [1, 3, 5])

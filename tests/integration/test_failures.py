@@ -1,14 +1,17 @@
-"""The failure loop: release, retry from the source, dead-letter, bad commands."""
+"""The failure loop: release, retry from the source, dead-letter, bad commands,
+a broker too slow to read the raw record back, a rebalance of the command group."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
+from collections import Counter
 
 import pytest
 
-from gateway.topics import read_topic, wait_committed
-from tests.conftest import redis_urls
-from tests.integration.gateway_harness import (
+from devtools.harness import (
     Topics,
     counter_value,
     eventually,
@@ -17,6 +20,14 @@ from tests.integration.gateway_harness import (
     produce,
     running,
 )
+from devtools.localstack import free_port, tansu_broker
+from devtools.proxy import TcpProxy
+from devtools.topics import committed_offsets, read_topic, wait_committed
+from gateway.failures import FailureLoop, RawFetcher
+from gateway.kafka import build_consumer, build_producer
+from gateway.metrics import Metrics, total
+from gateway.quorum import Quorum
+from tests.conftest import redis_urls
 
 ORDER = b'{"order_id": "m-1"}'
 
@@ -136,23 +147,180 @@ async def test_bad_commands_are_counted_and_skipped_and_the_loop_goes_on(broker,
         await produce(broker, topics.raw, [copy_of("m-1"), copy_of("m-2")])
         first = (await clean_copies(broker, topics, count=2))[0]
         good = json.loads(failure_command(first, "boom")[1])
+        source = good["source"]
+        unknown = {k: v for k, v in good.items() if k != "id_b64"}
         bad = [
             b"not json",
             b"[1, 2]",
             json.dumps({"id": "m-1", "token": good["token"]}).encode(),
-            json.dumps({**good, "source": {**good["source"], "offset": -1}}).encode(),
+            json.dumps({**good, "source": {**source, "offset": -1}}).encode(),
             json.dumps({**good, "token": "not-a-number"}).encode(),
             # Unknown id: no mark to hand over, and the raw record there has another id.
-            json.dumps({**good, "id": "never-seen"}).encode(),
-            # The raw record is gone (beyond the end of the partition).
-            json.dumps(
-                {**good, "id": "m-9", "source": {**good["source"], "offset": 10_000}}
-            ).encode(),
+            json.dumps({**unknown, "id": "never-seen"}).encode(),
+            # Nothing at that offset: past the end of the partition.
+            json.dumps({**unknown, "id": "m-9", "source": {**source, "offset": 10_000}}).encode(),
+            # Not a raw topic of this gateway; a raw partition that does not exist.
+            json.dumps({**unknown, "id": "m-8", "source": {**source, "topic": "other"}}).encode(),
+            json.dumps({**unknown, "id": "m-7", "source": {**source, "partition": 99}}).encode(),
         ]
         await produce(broker, topics.failures, [(b"k", v, []) for v in bad])
         await produce(broker, topics.failures, [failure_command(first, "boom")])
         await eventually(lambda: counter_value(m.retries, "2") == 1)
         expected = {"not_json": 1, "not_object": 1, "missing_field": 1, "bad_field": 2,
-                    "id_mismatch": 1, "raw_record_gone": 1}  # fmt: skip
+                    "id_mismatch": 1, "beyond_end": 1, "unknown_source": 2}  # fmt: skip
         for reason, n in expected.items():
-            assert counter_value(m.invalid_commands, reason) == n, reason
+            await eventually(
+                lambda r=reason, n=n: counter_value(m.invalid_commands, r) == n, 40, reason
+            )
+        assert counter_value(m.invalid_commands, "raw_record_gone") == 0
+        # Every command was handled: the failure topic is committed to its end.
+        await wait_committed(broker, f"{topics.group}.failures", topics.failures, {0: len(bad) + 1})
+
+
+@pytest.mark.parametrize("mode", ["release", "retry"])
+async def test_an_id_that_is_not_utf8_is_released_or_retried_by_its_exact_bytes(
+    broker, redis_servers, names, mode
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)), dedup={"id": "key"},
+        failures={"mode": mode, "backoff_initial": "10ms", "backoff_max": "50ms"},
+    )  # fmt: skip
+    binary = b"\xff\xfe-bin"  # a Kafka key that is not UTF-8: the id
+    async with running(settings) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [(binary, ORDER, [])])
+        (first,) = await read_topic(broker, topics.clean, min_records=1)
+        # As the Spark job sends it: readable id (U+FFFD for the bad bytes) and id_b64.
+        await produce(broker, topics.failures, [failure_command(first, "boom")])
+        if mode == "release":
+            await eventually(lambda: counter_value(m.releases, "released") == 1)
+            await produce(broker, topics.raw, [(binary, ORDER, [])])  # sent again: new now
+            await wait_committed(broker, topics.group, topics.raw, {0: 2})
+        else:
+            await eventually(lambda: counter_value(m.retries, "2") == 1)
+        assert total(m.invalid_commands) == 0
+    copies = await read_topic(broker, topics.clean)
+    assert [dict(c.headers)["dedup-id"] for c in copies] == [binary, binary]
+    assert sorted(map(attempt_of, copies)) == ([1, 1] if mode == "release" else [1, 2])
+
+
+@pytest.fixture
+async def proxied_broker(tmp_path):
+    """A broker of its own whose clients all go through a TcpProxy: it advertises the
+    proxy's port, so pausing the proxy stalls every connection, not just the bootstrap."""
+    port = free_port()
+    proxy = TcpProxy("127.0.0.1", port)
+    proxy_port = await proxy.start()
+    server = tansu_broker(tmp_path, port=port, advertised_port=proxy_port)
+    await asyncio.to_thread(server.start)
+    try:
+        yield f"127.0.0.1:{proxy_port}", proxy
+    finally:
+        await proxy.stop()
+        server.stop()
+
+
+async def test_a_raw_fetch_outlasting_its_deadline_is_retried_later_not_called_gone(
+    proxied_broker, redis_servers, names, caplog
+):
+    caplog.set_level(logging.WARNING, logger="gateway.failures")
+    bootstrap, proxy = proxied_broker
+    topics = Topics(names)
+    await topics.create(bootstrap, raw_partitions=1, clean_partitions=1)
+    settings = make_settings(
+        bootstrap, topics, redis_urls(redis_servers(3)),
+        failures={"backoff_initial": "1s", "backoff_max": "1s"},
+    )  # fmt: skip
+    # A gateway forwards the record; in a group of its own, so that the failure loop
+    # below joins a fresh command group (no rebalance to wait out).
+    forwarding = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"group_id": names("forwarder")})}
+    )
+    async with running(forwarding):
+        await produce(bootstrap, topics.raw, [copy_of("m-1")])
+        (first,) = await read_topic(bootstrap, topics.clean, min_records=1)
+
+    # The gateway's failure loop, wired as app.py does, with a short raw-read deadline.
+    kafka, metrics = settings.kafka, Metrics()
+    quorum = Quorum(settings.redis, metrics)
+    producer = build_producer(kafka)
+    commands = build_consumer(kafka, f"{kafka.group_id}.failures")
+    raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
+    for client in (producer, commands, raw_reader):
+        await client.start()
+    loop = FailureLoop(settings, quorum, producer, metrics)
+    commands.subscribe([kafka.failure_topic], listener=loop.listener())
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(commands, RawFetcher(raw_reader, deadline_s=0.5), stop))
+    try:
+        await produce(bootstrap, topics.failures, [failure_command(first, "boom")])
+        await eventually(lambda: counter_value(metrics.releases, "released") == 1)
+        proxy.pause()  # the retry is due about 1s after the handover: it meets a silent broker
+        await eventually(
+            lambda: "not done, trying again" in caplog.text or total(metrics.invalid_commands) > 0,
+            15, "a raw read that failed",
+        )  # fmt: skip
+        assert total(metrics.invalid_commands) == 0, "a slow broker was taken for a gone record"
+        assert counter_value(metrics.retries, "2") == 0
+        proxy.resume()
+
+        deadline = time.monotonic() + 30
+        while True:  # whenever the command is committed, its retry is on the clean topic
+            group = f"{kafka.group_id}.failures"
+            committed = (await committed_offsets(bootstrap, group, topics.failures))[0]
+            retried = [r for r in await read_topic(bootstrap, topics.clean) if attempt_of(r) == 2]
+            if committed >= 1:
+                assert len(retried) == 1
+                break
+            assert time.monotonic() < deadline, "the command was never committed"
+        assert counter_value(metrics.retries, "2") == 1
+        assert total(metrics.invalid_commands) == 0  # not raw_record_gone, nor anything else
+    finally:
+        proxy.resume()
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        for client in (commands, raw_reader, producer):
+            await client.stop()
+        await quorum.close()
+
+
+async def test_a_rebalance_of_the_command_group_hands_scheduled_retries_to_the_new_owner(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)  # failures: 2 partitions
+    backoff = 10.0
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        failures={"backoff_initial": f"{backoff}s", "backoff_max": f"{backoff}s"},
+    )  # fmt: skip
+
+    def retries(gateway):
+        return counter_value(gateway.metrics.retries, "2")
+
+    async with running(settings) as first:
+        await produce(broker, topics.raw, [copy_of("m-1"), copy_of("m-2")])
+        forwarded = await read_topic(broker, topics.clean, min_records=2)
+        clean = {dict(r.headers)["dedup-id"]: r for r in forwarded}
+        # One command on each failure partition: whichever moves, a scheduled retry moves.
+        for partition, message_id in enumerate((b"m-1", b"m-2")):
+            command = failure_command(clean[message_id], "boom")
+            await produce(broker, topics.failures, [command], partition=partition)
+        await eventually(lambda: counter_value(first.metrics.releases, "released") == 2)
+        first_schedule_ends = time.monotonic() + backoff
+
+        async with running(settings) as second:
+            # The second gateway took one partition and replayed its command (a redo).
+            await eventually(lambda: counter_value(second.metrics.releases, "released") == 1)
+            assert retries(first) == 0, "the rebalance came after the retries: no test"
+            await eventually(lambda: retries(first) + retries(second) == 2, 3 * backoff)
+            # Past the first gateway's original schedule: a dropped entry stays dropped.
+            await asyncio.sleep(max(0.0, first_schedule_ends + 1 - time.monotonic()))
+            assert (retries(first), retries(second)) == (1, 1)
+            await wait_committed(broker, f"{topics.group}.failures", topics.failures, {0: 1, 1: 1})
+    copies = await read_topic(broker, topics.clean)
+    assert Counter(dict(c.headers)["dedup-id"] for c in copies if attempt_of(c) == 2) == {
+        b"m-1": 1, b"m-2": 1,
+    }  # fmt: skip

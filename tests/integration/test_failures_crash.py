@@ -10,10 +10,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from gateway.topics import read_topic, wait_committed
-from gateway.traffic import produce_traffic
-from tests.conftest import redis_urls
-from tests.integration.gateway_harness import (
+from devtools.harness import (
     Topics,
     failure_command,
     make_settings,
@@ -21,6 +18,9 @@ from tests.integration.gateway_harness import (
     start_process,
     write_toml,
 )
+from devtools.topics import read_topic, wait_committed
+from devtools.traffic import produce_traffic
+from tests.conftest import redis_urls
 
 IDS = 400
 KILLS = 3

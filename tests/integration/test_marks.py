@@ -1,5 +1,6 @@
 """The mark scripts against a real redis-server: claim, expiry by time slice,
-compare-and-delete, memory per mark, settings changes (gateway/scripts.py)."""
+compare-and-delete, memory per mark, settings changes (gateway/scripts.py).
+Epochs, fills and rebuilds: test_epochs.py, test_repair_queue.py."""
 
 from __future__ import annotations
 
@@ -78,14 +79,44 @@ async def test_a_mark_lives_at_least_the_ttl_across_slices_then_expires(
     assert await quorum.claim([mark], ["9"]) == [[MINE]]  # expired: new again
 
 
-async def test_release_deletes_only_where_the_presented_token_holds(
+async def test_release_frees_the_id_for_another_copy_but_not_for_a_replay_of_the_released_record(
     quorum_on: QuorumFactory,
 ) -> None:
     quorum = quorum_on()
-    a, b = digests("rel", 2)
-    await quorum.claim([a, b], ["1", "2"])
-    assert await quorum.release([a, b], ["1", "999"]) == [[1, 0]]
-    assert await quorum.claim([a, b], ["3", "4"]) == [[MINE, "2"]]
+    a, b, c = digests("rel", 3)
+    await quorum.claim([a, b, c], ["1", "2", "5"])
+    assert await quorum.release([a, b, c], ["1", "999", "5"]) == [[1, 0, 1]]
+    assert await quorum.release([a], ["1"]) == [[0]]  # a second copy of the command
+    # The released record replayed (a gateway re-reading an uncommitted batch) stays a
+    # duplicate of the release, so it cannot take the id back under its old token.
+    assert await quorum.claim([a], ["1"]) == [["-1"]]
+    (view,) = await quorum.inspect(a)
+    assert view is not None and view.owner == "-1"
+    assert await quorum.claim([a, b], ["3", "4"]) == [[MINE, "2"]]  # the producer's next copy
+    assert await quorum.claim([a], ["1"]) == [["3"]]
+    assert await quorum.release([a], ["1"]) == [[0]]  # stale: the id is held again
+    # A released mark is handed to a retry's next attempt like an absent one.
+    assert await quorum.handover([(c, "5", "6", "failures/0/1")]) == [[1]]
+    assert await quorum.claim([c], ["5"]) == [["6"]]
+
+
+async def test_a_released_mark_in_an_older_slice_frees_the_id_the_same_way(
+    quorum_on: QuorumFactory,
+) -> None:
+    quorum = quorum_on(ttl="2s")  # slices of 1 s
+    (mark,) = digests("rel-old", 1)
+    assert await quorum.claim([mark], ["1"]) == [[MINE]]
+    assert await quorum.release([mark], ["1"]) == [[1]]
+    filler = iter(digests("rel-filler", 100))
+    meta, client = quorum.prefix + b"slice", quorum.instances[0].client
+    slice_of_release = await client.hget(meta, "id")
+    assert slice_of_release is not None
+    while await client.hget(meta, "id") == slice_of_release:
+        await quorum.claim([next(filler)], ["8"])  # opens the next slice once 1 s passed
+        await asyncio.sleep(0.05)
+    assert await quorum.claim([mark], ["1"]) == [["-1"]]
+    assert await quorum.claim([mark], ["3"]) == [[MINE]]
+    assert await quorum.claim([mark], ["1"]) == [["3"]]
 
 
 async def test_a_handover_moves_the_mark_and_a_second_copy_of_the_command_does_nothing(
@@ -113,6 +144,25 @@ async def test_changing_ttl_or_bucket_count_keeps_the_marks_already_claimed(
     assert await quorum_on(ttl="24h", buckets=7).claim(ids, ["3"] * 50) == [["1"] * 50]
 
 
+async def test_a_claim_after_raising_ttl_lives_the_new_ttl_and_lowering_shortens_nothing(
+    quorum_on: QuorumFactory,
+) -> None:
+    hour = 3600 * 1000
+    a, b, c = digests("ttl", 3)
+    # One bucket per slice, so that every claim below lands in the same bucket.
+    assert await quorum_on(ttl="1h", buckets=1).claim([a], ["1"]) == [[MINE]]
+    (view,) = await quorum_on(ttl="1h", buckets=1).inspect(a)
+    assert view is not None and view.ttl_ms <= 1.5 * hour
+    # Raised: the slice keeps its length, but what is claimed now lives 24 h at least.
+    assert await quorum_on(ttl="24h", buckets=1).claim([b], ["2"]) == [[MINE]]
+    (view,) = await quorum_on(ttl="24h", buckets=1).inspect(b)
+    assert view is not None and 24 * hour - 5000 <= view.ttl_ms <= 24.5 * hour
+    # Lowered again: marks already there keep their longer life.
+    assert await quorum_on(ttl="1h", buckets=1).claim([c], ["3"]) == [[MINE]]
+    (view,) = await quorum_on(ttl="1h", buckets=1).inspect(a)
+    assert view is not None and view.ttl_ms >= 24 * hour - 5000
+
+
 async def test_a_mark_costs_a_fraction_of_a_key_per_id_and_big_buckets_still_work(
     quorum_on: QuorumFactory,
 ) -> None:
@@ -125,11 +175,17 @@ async def test_a_mark_costs_a_fraction_of_a_key_per_id_and_big_buckets_still_wor
 
 async def bytes_per_mark(quorum: Quorum, ids: list[bytes], encoding: str) -> float:
     """Claim `ids` with realistic owner tokens on an empty instance; Redis memory
-    growth per mark. Checks every claim, a lookup, and the buckets' encoding."""
+    growth per mark. Checks every claim, a lookup, and the buckets' encoding.
+
+    One batch of other ids goes first, so that what is allocated once (the
+    connection's buffers, the script cache, the slice meta, the epoch) is not
+    counted per mark."""
     redis: aioredis.Redis = quorum.instances[0].client
     await redis.flushall()
-    before = (await redis.info("memory"))["used_memory"]
     owner = owner_token("raw", 0, 1)  # 19 digits, as in production
+    warm = digests("warm-up", 2000)
+    assert await quorum.claim(warm, [owner] * len(warm)) == [[MINE] * len(warm)]
+    before = (await redis.info("memory"))["used_memory"]
     for start in range(0, len(ids), 2000):
         batch = ids[start : start + 2000]
         assert await quorum.claim(batch, [owner] * len(batch)) == [[MINE] * len(batch)]

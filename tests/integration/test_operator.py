@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-from gateway.topics import read_topic, wait_committed
-from tests.conftest import redis_urls
-from tests.integration.gateway_harness import (
+from devtools.harness import (
     Topics,
     counter_value,
     eventually,
@@ -19,6 +19,12 @@ from tests.integration.gateway_harness import (
     running,
     write_toml,
 )
+from devtools.topics import committed_offsets, read_topic, wait_committed
+from gateway.cli import main
+from gateway.keys import mark_digest
+from gateway.metrics import Metrics
+from gateway.quorum import Quorum
+from tests.conftest import redis_urls
 
 COPY = (b"k", b"{}", [("message-id", b"m-1")])
 
@@ -44,11 +50,16 @@ async def test_inspect_shows_owner_and_ttl_and_release_lets_a_resend_through(
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.count(token) == 3  # the owner on every instance
         assert "absent" not in shown.stdout
+        as_json = json.loads((await cli(config, "inspect", "m-1", "--output", "json")).stdout)
+        assert [i["owner"] for i in as_json["instances"]] == [token] * 3
 
         wrong = await cli(config, "release", "m-1", "--token", "123")
         assert wrong.returncode == 1 and "NOT released" in wrong.stdout
-        right = await cli(config, "release", "m-1", "--token", token)
-        assert right.returncode == 0 and "released on 3 of 3" in right.stdout
+        dry = await cli(config, "release", "m-1", "--token", token, "--dry-run")
+        assert dry.returncode == 0 and "would be released on 3 of 3" in dry.stdout
+        assert (await cli(config, "inspect", "m-1")).stdout.count(token) == 3  # still held
+        right = await cli(config, "release", "m-1", "--token", token, "--output", "json")
+        assert right.returncode == 0 and json.loads(right.stdout)["deleted"] == 3
 
         await produce(broker, topics.raw, [COPY])
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
@@ -71,13 +82,150 @@ async def test_redrive_reinjects_a_dead_letter_which_is_then_forwarded_again(
         (clean,) = await read_topic(broker, topics.clean, min_records=1)
         await produce(broker, topics.failures, [failure_command(clean, "bad data")])
         await eventually(lambda: counter_value(m.dead_lettered) == 1)
+        # Something else wrote to the dead-letter topic: not a record redrive can use.
+        await produce(broker, topics.dead, [(b"k", b"{}", [])])
+
+        dry = await cli(config, "redrive", "--dry-run", "--output", "json")
+        report = json.loads(dry.stdout)
+        assert [r["id"] for r in report["redriven"]] == ["m-1"]
+        assert [r["dead_letter"] for r in report["skipped"]] == [f"{topics.dead}/0/1"]
+        assert len(await read_topic(broker, topics.raw)) == 1  # a dry run changes nothing
 
         result = await cli(config, "redrive")
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 1, result.stderr  # 1: something was skipped
         assert "1 dead-lettered record(s) re-injected" in result.stdout
+        assert f"SKIPPED (no id) ({topics.dead}/0/1 from ?)" in result.stdout
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
         assert counter_value(m.forwarded) == 2  # the re-injected copy is new again
         again = await cli(config, "redrive")  # progress was committed: nothing twice
-        assert "0 dead-lettered record(s) re-injected" in again.stdout
+        assert again.returncode == 0 and "0 dead-lettered record(s) re-injected" in again.stdout
     raw = await read_topic(broker, topics.raw)
     assert [dict(r.headers) for r in raw] == [{"message-id": b"m-1"}] * 2
+
+
+async def test_inspect_and_release_take_an_id_that_is_not_utf8_as_base64_or_hex(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    settings = make_settings(broker, topics, redis_urls(redis_servers(3)), dedup={"id": "key"})
+    config = write_toml(tmp_path / "g.toml", settings)
+    binary = b"\xff\xfe-bin"
+    async with running(settings) as gateway:
+        await produce(broker, topics.raw, [(binary, b"{}", [])])
+        (clean,) = await read_topic(broker, topics.clean, min_records=1)
+        token = dict(clean.headers)["dedup-token"].decode()
+
+        shown = await cli(config, "inspect", "--id-b64", base64.b64encode(binary).decode())
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.count(token) == 3 and "\\xff\\xfe-bin" in shown.stdout
+        released = await cli(config, "release", "--id-hex", binary.hex(), "--token", token)
+        assert released.returncode == 0 and "released on 3 of 3" in released.stdout
+
+        await produce(broker, topics.raw, [(binary, b"{}", [])])  # new again
+        await wait_committed(broker, topics.group, topics.raw, {0: 2})
+        assert counter_value(gateway.metrics.forwarded) == 2
+
+
+async def test_an_unconditional_release_needs_yes_without_a_terminal(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
+    config = write_toml(tmp_path / "g.toml", settings)
+    async with running(settings):
+        await produce(broker, topics.raw, [COPY])
+        await read_topic(broker, topics.clean, min_records=1)
+        refused = await cli(config, "release", "m-1")  # stdin is not a terminal here
+        assert refused.returncode == 2 and "pass --yes" in refused.stderr
+        assert "absent" not in (await cli(config, "inspect", "m-1")).stdout
+        done = await cli(config, "release", "m-1", "--yes")
+        assert done.returncode == 0 and "released on 3 of 3" in done.stdout
+        # A release leaves a tombstone naming the token it released (gateway/keys.py).
+        assert (await cli(config, "inspect", "m-1")).stdout.count("released (was") == 3
+        await produce(broker, topics.raw, [COPY])  # the next copy is new again
+        assert len(await read_topic(broker, topics.clean, min_records=2)) == 2
+
+
+def test_an_unconditional_release_confirmed_at_the_terminal_releases_the_mark(
+    broker, redis_servers, names, tmp_path, monkeypatch, capsys
+):
+    settings = make_settings(broker, Topics(names), redis_urls(redis_servers(3)))
+    config = write_toml(tmp_path / "g.toml", settings)
+    digest = mark_digest(b"m-1")
+
+    async def claim_then_inspect(claim: bool) -> list[str | None]:
+        quorum = Quorum(settings.redis, Metrics())
+        try:
+            if claim:
+                await quorum.claim([digest], ["42"])
+            return [None if v is None else v.owner for v in await quorum.inspect(digest)]
+        finally:
+            await quorum.close()
+
+    assert asyncio.run(claim_then_inspect(True)) == ["42"] * 3
+
+    class Terminal:
+        def __init__(self, answer: str) -> None:
+            self.answer = answer
+
+        def isatty(self) -> bool:
+            return True
+
+        def readline(self) -> str:
+            return self.answer
+
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    assert main(["release", "m-1", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "whoever holds it? [y/N]" in out and "released on 3 of 3" in out
+    assert asyncio.run(claim_then_inspect(False)) == ["-42"] * 3  # released from token 42
+
+
+async def test_redrive_leaves_a_dead_letter_no_majority_released_and_redrives_it_once_later(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    servers = redis_servers(3, aof=True)  # restarted members keep their marks
+    settings = make_settings(
+        broker, topics, redis_urls(servers),
+        failures={"max_attempts": 1, "backoff_initial": "1ms"},
+    )  # fmt: skip
+    config = write_toml(tmp_path / "g.toml", settings)
+    redrive_group = f"{topics.group}.redrive"
+    async with running(settings) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [COPY])
+        (clean,) = await read_topic(broker, topics.clean, min_records=1)
+        await produce(broker, topics.failures, [failure_command(clean, "bad data")])
+        await eventually(lambda: counter_value(m.dead_lettered) == 1)
+
+        for server in servers[1:]:
+            server.stop()  # 2 of 3 members down: the dead-letter mark cannot be released
+        stopped = await cli(config, "redrive", "--output", "json")
+        assert stopped.returncode == 1, stopped.stderr
+        report = json.loads(stopped.stdout)
+        assert report["redriven"] == []
+        (left,) = report["not_redriven"]
+        assert (left["id"], left["dead_letter"], left["source"]) == (
+            "m-1", f"{topics.dead}/0/0", f"{topics.raw}/0/0",
+        )  # fmt: skip
+        assert (left["deleted"], left["no_answer"]) == (1, 2)
+        assert len(await read_topic(broker, topics.raw)) == 1  # not produced
+        assert (await committed_offsets(broker, redrive_group, topics.dead))[0] == 0
+
+        for server in servers[1:]:
+            server.start()
+        result = await cli(config, "redrive")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "1 dead-lettered record(s) re-injected" in result.stdout
+        await wait_committed(broker, topics.group, topics.raw, {0: 2})
+        assert counter_value(m.forwarded) == 2  # forwarded again, once
+        assert counter_value(m.duplicates) == 0
+        assert (await committed_offsets(broker, redrive_group, topics.dead))[0] == 1
+    clean_copies = await read_topic(broker, topics.clean)
+    assert [dict(c.headers)["dedup-source"] for c in clean_copies] == [
+        f"{topics.raw}/0/0".encode(), f"{topics.raw}/0/1".encode(),
+    ]  # fmt: skip

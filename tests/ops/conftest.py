@@ -28,6 +28,7 @@ DEPLOY = REPO / "deploy"
 DASHBOARD = REPO / "grafana" / "dashboards" / "dedup-gateway.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+PROMETHEUS_RULE = DEPLOY / "k8s" / "components" / "prometheus-operator" / "prometheusrule.yaml"
 
 METRIC_NAME = re.compile(r"\bdedup_gateway_\w+")
 
@@ -79,7 +80,8 @@ def metric_families() -> dict[str, str]:
 
 
 def _families() -> Iterator[Metric]:
-    yield from Metrics().registry.collect()
+    # The gateway's own; process_* and python_info come from prometheus_client's collectors.
+    yield from (f for f in Metrics().registry.collect() if f.name.startswith("dedup_gateway_"))
 
 
 def dashboard_exprs() -> list[str]:

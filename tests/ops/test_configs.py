@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,13 @@ from spark_sink.config import load_sink_settings
 from tests.ops.conftest import DEPLOY, compose, load_yaml_documents
 
 TOML_FILES = sorted(DEPLOY.rglob("*.toml"))
+SECRETS = "dedup-gateway-secrets"
 
 
 def test_the_deployment_ships_the_compose_and_example_configs() -> None:
     names = {p.relative_to(DEPLOY).as_posix() for p in TOML_FILES}
-    assert {"config/gateway.toml", "config/gateway.example.toml"} <= names
+    shipped = {"config/gateway.toml", "config/gateway.k8s.toml", "config/gateway.example.toml"}
+    assert shipped <= names
 
 
 @pytest.mark.parametrize("path", TOML_FILES, ids=lambda p: p.relative_to(DEPLOY).as_posix())
@@ -49,33 +50,24 @@ def test_compose_config_with_its_env_overrides_names_three_password_protected_me
     assert str(sink.spark.checkpoint_dir).startswith("/var/lib/spark")  # the spark volume
 
 
-def _configmap_toml() -> str:
-    docs = load_yaml_documents(DEPLOY / "k8s" / "configmap.yaml")
-    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    text: str = configmap["data"]["gateway.toml"]
-    return text
-
-
 def _secret_values() -> dict[str, str]:
-    docs = load_yaml_documents(DEPLOY / "k8s" / "secret.yaml")
-    (secret,) = [d for d in docs if d["metadata"]["name"] == "dedup-gateway-secrets"]
+    path = DEPLOY / "k8s" / "components" / "example-secrets" / "secret.example.yaml"
+    (secret,) = [d for d in load_yaml_documents(path) if d["metadata"]["name"] == SECRETS]
     values: dict[str, str] = secret["stringData"]
     return values
 
 
-def test_configmap_toml_loads_with_the_secrets_env_overrides(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_kubernetes_toml_loads_with_the_example_secrets_env_overrides(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _no_gateway_env(monkeypatch)
-    path = tmp_path / "gateway.toml"
-    path.write_text(_configmap_toml())
-    tomllib.loads(path.read_text())
     deployment = yaml.safe_load((DEPLOY / "k8s" / "deployment.yaml").read_text())
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     secrets = _secret_values()
     for var in container["env"]:
+        assert var["valueFrom"]["secretKeyRef"]["name"] == SECRETS
         monkeypatch.setenv(var["name"], secrets[var["valueFrom"]["secretKeyRef"]["key"]])
-    settings: Settings = load_settings(path)
+    settings: Settings = load_settings(DEPLOY / "config" / "gateway.k8s.toml")
     assert settings.kafka.security_protocol == "SASL_SSL"
     assert settings.kafka.sasl_password is not None
     assert settings.kafka.sasl_password.get_secret_value() == "CHANGE-ME"

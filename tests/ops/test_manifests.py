@@ -1,24 +1,17 @@
-"""The compose file and the Kubernetes manifests validate against their schemas
-and keep the operational properties the runbook (docs/operations.md) relies on."""
+"""The compose file validates against the compose-spec schema and keeps the
+operational properties the runbook (docs/operations.md) relies on. The
+Kubernetes manifests: test_kubernetes.py."""
 
 from __future__ import annotations
 
 import importlib.resources
 import json
-from pathlib import Path
+import tomllib
 from typing import Any
 
 import jsonschema
-import kubernetes_validate
-import pytest
-import yaml
 
 from tests.ops.conftest import DEPLOY, REPO, compose, load_yaml_documents
-
-K8S = DEPLOY / "k8s"
-KUBERNETES_VERSION = "1.33.0"
-# Validated elsewhere: the operator's CRD, and kustomize's own file.
-NOT_CORE = {"ServiceMonitor", "Kustomization"}
 
 
 def compose_schema() -> dict[str, Any]:
@@ -90,49 +83,34 @@ def test_grafana_provisioning_points_at_the_mounted_dashboards_and_datasource_ui
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
-def k8s_documents() -> list[tuple[Path, dict[str, Any]]]:
-    return [(path, doc) for path in sorted(K8S.glob("*.yaml")) for doc in load_yaml_documents(path)]
+def test_redis_members_run_as_the_images_non_root_redis_user() -> None:
+    services = compose()["services"]
+    for name in ("redis-0", "redis-1", "redis-2"):
+        # uid:gid 999 is `redis` in the official image, which owns /data there.
+        assert services[name]["user"] == "999:999", name
+        assert services[name]["image"].startswith("redis:")
 
 
-@pytest.mark.parametrize(
-    "path,doc",
-    [pytest.param(p, d, id=f"{d['kind']}/{d['metadata']['name']}") for p, d in k8s_documents()
-     if d["kind"] not in NOT_CORE],
-)  # fmt: skip
-def test_kubernetes_manifest_validates_strictly(path: Path, doc: dict[str, Any]) -> None:
-    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+def test_loadgen_profile_produces_into_the_raw_topic_the_gateways_read() -> None:
+    services = compose()["services"]
+    loadgen = services["loadgen"]
+    assert loadgen["profiles"] == ["loadgen"], "only with --profile loadgen"
+    assert all("profiles" not in s for n, s in services.items() if n != "loadgen")
+    # The gateway image (it has aiokafka), running the mounted self-contained script.
+    assert loadgen["image"] == services["gateway"]["image"]
+    assert loadgen["build"] == services["gateway"]["build"]
+    mounts = dict(v.split(":")[:2] for v in loadgen["volumes"])
+    script = loadgen["entrypoint"][-1]
+    assert (DEPLOY / next(src for src, dst in mounts.items() if dst == script)).is_file()
+    env = loadgen["environment"]
+    config = tomllib.loads((DEPLOY / "config" / "gateway.toml").read_text())
+    assert env["LOADGEN_BOOTSTRAP"] == config["kafka"]["bootstrap_servers"]
+    assert [env["LOADGEN_TOPIC"]] == config["kafka"]["raw_topics"]
+    assert f"create {env['LOADGEN_TOPIC']} " in "\n".join(services["kafka-init"]["command"])
+    assert loadgen["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
+    assert config["dedup"]["id"] == "header:message-id"  # the header loadgen.py sets
 
 
-def _deployment() -> dict[str, Any]:
-    (doc,) = [d for _, d in k8s_documents() if d["kind"] == "Deployment"]
-    return doc
-
-
-def test_deployment_probes_drain_time_and_security_context() -> None:
-    pod = _deployment()["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert pod["terminationGracePeriodSeconds"] >= 30
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    for kind in ("requests", "limits"):
-        assert {"cpu", "memory"} <= container["resources"][kind].keys()
-    env = {e["name"]: e for e in container["env"]}
-    for name in ("GATEWAY_REDIS__NODES", "GATEWAY_KAFKA__SASL_PASSWORD"):
-        assert "secretKeyRef" in env[name]["valueFrom"], f"{name} must come from the Secret"
-
-
-def test_pdb_service_and_kustomization_select_the_deployments_pods() -> None:
-    docs = {d["kind"]: d for _, d in k8s_documents() if d["kind"] != "Secret"}
-    labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    for kind, selector in (
-        ("PodDisruptionBudget", docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]),
-        ("Service", docs["Service"]["spec"]["selector"]),
-    ):
-        assert selector.items() <= labels.items(), kind
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    for resource in kustomization["resources"]:
-        assert (K8S / resource).is_file()
-    assert "servicemonitor.yaml" not in kustomization["resources"]  # a CRD, applied apart
+def test_compose_spark_job_uses_the_pass_through_handler() -> None:
+    config = tomllib.loads((DEPLOY / "config" / "gateway.toml").read_text())
+    assert config["spark"]["handler"] == "spark_sink.handlers:passthrough"

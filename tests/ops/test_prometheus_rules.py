@@ -3,17 +3,24 @@ and Prometheus' own checker accepts the rules and the scrape config."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
+from pathlib import Path
+
+import yaml
 
 from tests.ops.conftest import (
     ALERTS,
     METRIC_NAME,
     PROMETHEUS_CONFIG,
+    PROMETHEUS_RULE,
     REPO,
     alert_exprs,
     alert_rules,
     dashboard_exprs,
     exposed_series_names,
+    load_yaml_documents,
     metric_families,
     queried_series_names,
     tool,
@@ -87,3 +94,55 @@ def test_every_alert_has_a_runbook_section_in_the_operations_doc() -> None:
 def test_queried_names_are_found_at_all() -> None:
     # Guards the regex: an empty set would make the checks above vacuous.
     assert len(queried_series_names()) >= 20
+
+
+UNIT_TESTS = Path(__file__).with_name("alerts_test.yml")
+
+
+def test_promtool_unit_tests_of_every_alert_pass(tmp_path: Path) -> None:
+    """tests/ops/alerts_test.yml against alerts.yml with annotations cut to `summary`."""
+    (rules,) = load_yaml_documents(ALERTS)
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["annotations"] = {"summary": rule["annotations"]["summary"]}
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
+    result = subprocess.run(
+        [tool("promtool"), "test", "rules", UNIT_TESTS.name],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_cover_every_alert_firing_and_not_firing() -> None:
+    (unit,) = load_yaml_documents(UNIT_TESTS)
+    assert unit["rule_files"] == ["alerts.yml"]
+    firing: set[str] = set()
+    quiet: set[str] = set()
+    for case in unit["tests"]:
+        for check in case["alert_rule_test"]:
+            (firing if check["exp_alerts"] else quiet).add(check["alertname"])
+    alerts = {rule["alert"] for rule in alert_rules()}
+    assert alerts - firing == set(), "alerts without a case where they fire"
+    assert alerts - quiet == set(), "alerts without a case where they stay quiet"
+    assert firing | quiet <= alerts, "cases for alerts that do not exist"
+
+
+def test_redis_down_is_one_alert_per_member_and_a_vanished_gateway_is_noticed() -> None:
+    rules = {rule["alert"]: rule for rule in alert_rules()}
+    assert rules["DedupGatewayRedisDown"]["expr"].startswith("max by (redis) (")
+    absent = rules["DedupGatewayAbsent"]["expr"]
+    assert "absent(up{" in absent and "absent(dedup_gateway_ready)" in absent
+
+
+def test_the_prometheusrule_for_the_operator_carries_exactly_the_alert_rules() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen-prometheusrule.py"), "--check"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (rule,) = load_yaml_documents(PROMETHEUS_RULE)
+    (alerts,) = load_yaml_documents(ALERTS)
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    assert rule["spec"] == alerts

@@ -1,6 +1,7 @@
-"""The least-privilege Redis ACL documented in deploy/k8s/secret.yaml is enough
-for everything the gateway does (claim, repair, release/handover, retries) and
-no more: a gateway user built from exactly that line works, and cannot flush."""
+"""The least-privilege Redis ACL documented in
+deploy/k8s/components/example-secrets/secret.example.yaml is enough for
+everything the gateway does (claim, repair, release/handover, retries) and no
+more: a gateway user built from exactly that line works, and cannot flush."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from gateway.topics import read_topic, wait_committed
-from tests.integration.gateway_harness import (
+from devtools.harness import (
     Topics,
     counter_value,
     eventually,
@@ -22,6 +22,7 @@ from tests.integration.gateway_harness import (
     produce,
     running,
 )
+from devtools.topics import read_topic, wait_committed
 from tests.ops.conftest import DEPLOY
 
 ADMIN_PASSWORD = "admin-pw"
@@ -30,9 +31,9 @@ GATEWAY_PASSWORD = "gw-pw"
 
 def documented_acl() -> list[str]:
     """The `ACL SETUSER ...` arguments from the Secret's comment, with our password."""
-    text = (DEPLOY / "k8s" / "secret.yaml").read_text()
+    text = (DEPLOY / "k8s/components/example-secrets/secret.example.yaml").read_text()
     match = re.search(r"ACL SETUSER (.+)", text)
-    assert match, "secret.yaml documents no ACL SETUSER line"
+    assert match, "secret.example.yaml documents no ACL SETUSER line"
     return [">" + GATEWAY_PASSWORD if t == ">PASSWORD" else t for t in match[1].split()]
 
 

@@ -1,6 +1,7 @@
-"""`rediss://` with a private CA, as docs/operations.md and deploy/k8s/secret.yaml
-describe it: real TLS redis-server processes with a password, a gateway that
-dedups through them, and one that does not trust their CA and so never serves."""
+"""`rediss://` with a private CA, as docs/operations.md and
+deploy/k8s/components/example-secrets/secret.example.yaml describe it: real
+TLS redis-server processes with a password, a gateway that dedups through
+them, and one that does not trust their CA and so never serves."""
 
 from __future__ import annotations
 
@@ -12,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.localstack import ManagedProcess, free_port, redis_server
-from gateway.topics import wait_committed
-from tests.integration.gateway_harness import (
+from devtools.harness import (
     Topics,
     counter_value,
     eventually,
@@ -22,6 +21,8 @@ from tests.integration.gateway_harness import (
     produce,
     running,
 )
+from devtools.localstack import ManagedProcess, free_port, redis_server
+from devtools.topics import wait_committed
 
 PASSWORD = "tls-pw"
 
@@ -92,5 +93,5 @@ async def test_a_gateway_that_does_not_trust_the_ca_never_serves(
     urls = [f"rediss://:{PASSWORD}@127.0.0.1:{s.port}/0" for s in servers]  # system CAs only
     async with running(make_settings(broker, topics, urls)) as gateway:
         await eventually(lambda: "certificate verify failed" in caplog.text, what="TLS refused")
-        assert gateway.consumer is None and not gateway.readiness()[0]
+        assert not gateway.partitions() and not gateway.readiness()[0]
     assert PASSWORD not in caplog.text

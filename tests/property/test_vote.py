@@ -66,3 +66,25 @@ def test_three_way_split_with_all_answering_goes_to_the_smallest_token():
     assert decide("11", replies_of("11", held), 2).outcome is Outcome.FORWARD
     assert decide("22", replies_of("22", held), 2).outcome is Outcome.DUPLICATE
     assert decide("333", replies_of("333", held), 2).winner == "11"
+
+
+@given(marks(), st.data())
+def test_an_answer_not_counted_never_changes_a_decision_it_can_only_leave_it_undecided(held, data):
+    """An instance that lost its marks (recovering) is passed as None: whatever it
+    holds, the vote on the others either decides as with it known, or not at all."""
+    n = len(held)
+    lost = data.draw(st.sets(st.integers(0, n - 1)))
+    for own in ["11", "22", "333", "4"]:
+        replies = replies_of(own, held)
+        counted = [None if i in lost else r for i, r in enumerate(replies)]
+        after = decide(own, counted, n // 2 + 1)
+        if after.outcome is not Outcome.UNDECIDED:
+            # decided without it: it would have been decided the same with it
+            assert decide(own, replies, n // 2 + 1) == after
+
+
+def test_a_split_copy_is_not_forwarded_by_an_instance_that_restarted_empty():
+    # x holds instances 0 and 2, copy y instance 1; instance 2 restarts empty and
+    # y's replay claims it there: (x, MINE, MINE). Counted, y would be forwarded too.
+    assert decide("22", ["11", MINE, MINE], 2).outcome is Outcome.FORWARD
+    assert decide("22", ["11", MINE, None], 2).outcome is Outcome.UNDECIDED

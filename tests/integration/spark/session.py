@@ -14,6 +14,8 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
+from gateway.keys import owner_token
+
 # pyspark warns about versions it was not built against; nothing to fix on our side.
 SPARK_WARNING_FILTERS = ("ignore:PySpark does not yet fully support pandas:FutureWarning",)
 
@@ -43,9 +45,10 @@ def spark() -> Iterator[SparkSession]:
 
 @dataclass(frozen=True)
 class Clean:
-    """One clean-topic record as the gateway forwards it."""
+    """One clean-topic record as the gateway forwards it (`id`: the dedup-id header,
+    text or exact bytes)."""
 
-    id: str | None
+    id: str | bytes | None
     value: bytes | None
     partition: int = 0
     token: str | None = None
@@ -57,7 +60,8 @@ class Clean:
     def headers(self) -> list[tuple[str, bytes]]:
         headers = list(self.extra_headers)
         if self.id is not None:
-            headers.append(("dedup-id", self.id.encode()))
+            id_bytes = self.id.encode() if isinstance(self.id, str) else self.id
+            headers.append(("dedup-id", id_bytes))
         if self.source is not None:
             headers.append(("dedup-source", self.source.encode()))
         if self.token is not None:
@@ -76,20 +80,28 @@ def order(
     attempt: int | None = None,
     raw_offset: int | None = None,
 ) -> Clean:
-    """Clean record for order `o-<n>` with a valid amount unless one is given."""
+    """Clean record for order `o-<n>` with a valid amount unless one is given, forwarded
+    from raw record `raw/<n % partitions>/<raw_offset, default n>`, with the token the
+    gateway gives that raw record and attempt (`source_token`)."""
     body = {"order_id": f"o-{n}", "customer": customer or f"c-{n % 3}", "amount": n + 0.5}
     if amount is not None:
         body["amount"] = amount
     partition = n % partitions
+    offset = raw_offset if raw_offset is not None else n
     return Clean(
         id=f"o-{n}",
         value=json.dumps(body).encode(),
         partition=partition,
-        token=str(900_000 + n),
-        source=f"raw/{partition}/{raw_offset if raw_offset is not None else n}",
+        token=source_token(partition, offset, attempt),
+        source=f"raw/{partition}/{offset}",
         attempt=attempt,
         key=f"o-{n}".encode(),
     )
+
+
+def source_token(partition: int, offset: int, attempt: int | None = None) -> str:
+    """The dedup-token of raw record `raw/<partition>/<offset>` at `attempt` (as the gateway)."""
+    return owner_token("raw", partition, offset, attempt or 1)
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[Clean]) -> int:

@@ -4,9 +4,11 @@ dropped duplicate deliveries, and one release command per failure."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,13 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from gateway.topics import create_topics, read_topic
+from devtools.handlers import failing_ids
+from devtools.topics import create_topics, read_topic
 from spark_sink.config import SinkSettings, load_sink_settings
-from spark_sink.handlers import failing_ids, orders
+from spark_sink.handlers import orders
 from spark_sink.job import connector_available, make_sink, run_until_idle, start_query
 from spark_sink.sink import BatchSink
-from tests.integration.spark.session import Clean, order, produce
+from tests.integration.spark.session import Clean, order, produce, source_token
 
 pytestmark = pytest.mark.spark
 
@@ -51,7 +54,7 @@ def output(spark: SparkSession, settings: SinkSettings) -> list[Any]:
 def release_commands(broker: str, settings: SinkSettings, expected: int) -> list[dict[str, Any]]:
     records = asyncio.run(read_topic(broker, settings.kafka.failure_topic, min_records=expected))
     commands = [json.loads(r.value) for r in records]
-    assert [r.key.decode() for r in records] == [c["id"] for c in commands]
+    assert [r.key for r in records] == [base64.b64decode(c["id_b64"]) for c in commands]
     return commands
 
 
@@ -87,11 +90,13 @@ def test_orders_are_written_once_and_invalid_ones_released_with_their_token(
 
     commands = sorted(release_commands(broker, settings, 3), key=lambda c: c["id"])
     assert commands == [
-        {"id": "o-11", "token": "900011", "reason": "negative amount: -1",
+        {"id": "o-11", "id_b64": "by0xMQ==", "token": source_token(2, 11, 3),
+         "reason": "negative amount: -1",
          "source": {"topic": "raw", "partition": 2, "offset": 11}, "attempt": 3, "reasons": []},
-        {"id": "o-5", "token": "900005", "reason": "negative amount: -3",
+        {"id": "o-5", "id_b64": "by01", "token": source_token(2, 5),
+         "reason": "negative amount: -3",
          "source": {"topic": "raw", "partition": 2, "offset": 5}, "attempt": 1, "reasons": []},
-        {"id": "o-9", "token": "900009", "reason": "missing amount",
+        {"id": "o-9", "id_b64": "by05", "token": source_token(0, 9), "reason": "missing amount",
          "source": {"topic": "raw", "partition": 0, "offset": 9}, "attempt": 1, "reasons": []},
     ]  # fmt: skip
 
@@ -101,29 +106,58 @@ def test_orders_are_written_once_and_invalid_ones_released_with_their_token(
     assert len(release_commands(broker, settings, 0)) == 3
 
 
-def test_duplicate_deliveries_of_an_id_are_dropped_but_a_retry_attempt_passes(
+def test_a_replayed_delivery_is_dropped_and_each_new_source_record_or_attempt_passes(
     spark, broker, make_settings
 ):
-    """The gateway's crash window re-forwards a record under the same id (another
-    offset); the sink keeps the first. A deliberate retry (attempt 2) is new work."""
+    """The gateway's crash window forwards one raw record again, with the same token:
+    the sink keeps the first. A retry (next attempt), a producer resend after a
+    release and an operator redrive are new source records or attempts under the same
+    id, with new tokens: each is new work."""
     settings = make_settings(max_records_per_batch=4)
     first = [order(n, partitions=3) for n in range(6)]
-    crash_copies = [order(n, partitions=3, raw_offset=100 + n) for n in (1, 2, 4)]
-    retry = [order(3, partitions=3, attempt=2)]
-    produce(broker, settings.kafka.clean_topic, first + crash_copies + retry)
+    replays = [order(n, partitions=3) for n in (1, 2, 4)]  # the same raw records again
+    retry = order(3, partitions=3, attempt=2)
+    resent = order(4, partitions=3, raw_offset=104)  # released, then sent again by the producer
+    redriven = order(5, partitions=3, raw_offset=205)  # dead letter re-injected into raw
+    produce(broker, settings.kafka.clean_topic, [*first, *replays, retry, resent, redriven])
 
     report = run_until_idle(settings, spark=spark)
-    assert (report.input_rows, report.processed) == (10, 7)
+    assert (report.input_rows, report.processed) == (12, 9)
 
-    # A copy arriving in a later run is still inside the window (state is checkpointed).
-    produce(broker, settings.kafka.clean_topic, [order(0, partitions=3, raw_offset=200)])
+    # A replay arriving in a later run is still inside the window (state is checkpointed);
+    # a new raw record of the same id is not a replay.
+    produce(broker, settings.kafka.clean_topic, [order(0, partitions=3), order(0, raw_offset=300)])
     later = run_until_idle(settings, spark=spark)
-    assert (later.input_rows, later.processed) == (1, 0)
+    assert (later.input_rows, later.processed) == (2, 1)
 
-    ids = Counter((r.dedup_id, r.dedup_attempt) for r in output(spark, settings))
-    assert ids == Counter({(f"o-{n}", 1): 1 for n in range(6)} | {("o-3", 2): 1})
-    sources = {r.dedup_source for r in output(spark, settings) if r.dedup_attempt == 1}
-    assert sources == {f"raw/{n % 3}/{n}" for n in range(6)}  # the first copy of each won
+    deliveries = Counter(
+        (r.dedup_id, r.dedup_source, r.dedup_attempt) for r in output(spark, settings)
+    )
+    assert deliveries == Counter(
+        [(f"o-{n}", f"raw/{n % 3}/{n}", 1) for n in range(6)]
+        + [("o-3", "raw/0/3", 2), ("o-4", "raw/1/104", 1), ("o-5", "raw/2/205", 1)]
+        + [("o-0", "raw/0/300", 1)]
+    )
+
+
+def test_a_failed_record_whose_id_is_not_utf8_is_released_under_its_exact_bytes(
+    spark, broker, make_settings
+):
+    settings = make_settings()
+    raw_id = b"\xff\xfe-bin"  # e.g. a binary Kafka key with [dedup] id = "key"
+    bad = Clean(id=raw_id, value=b"not json", key=raw_id, token=source_token(0, 40),
+                source="raw/0/40")  # fmt: skip
+    produce(broker, settings.kafka.clean_topic, [order(1), bad])
+
+    report = run_until_idle(settings, spark=spark)
+    assert (report.written, report.failed, report.releases_published) == (1, 1, 1)
+    (command,) = release_commands(broker, settings, 1)  # also checks key == id_b64 bytes
+    assert base64.b64decode(command["id_b64"]) == raw_id
+    assert command["id"] == raw_id.decode(errors="replace")
+    assert (command["token"], command["source"]) == (
+        source_token(0, 40),
+        {"topic": "raw", "partition": 0, "offset": 40},
+    )
 
 
 class CrashAfterBatch:
@@ -165,8 +199,94 @@ def test_rerun_batch_after_crash_outputs_each_record_once_and_releases_each_fail
     assert report.output_rows == 11
     commands = release_commands(broker, settings, 4)
     assert sorted(c["id"] for c in commands) == ["o-1", "o-13", "o-7", "o-8"]
-    assert all(c["token"] == f"900{int(c['id'][2:]):03d}" for c in commands)
+    assert all(c["token"] == source_token(int(c["id"][2:]) % 3, int(c["id"][2:])) for c in commands)
     assert {c["reason"] for c in commands} == {"customer blocked"}
+
+
+@dataclass
+class FailingOutputWrite(BatchSink):
+    """The real sink, except that writing the output raises `failures` times: the
+    batch dies after its outcomes were stored, before its output and commands."""
+
+    failures: int = 1
+
+    def write_output(self, ok: DataFrame, batch_id: int) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError(f"simulated crash writing the output of batch {batch_id}")
+        super().write_output(ok, batch_id)
+
+
+def crash_first_run(spark: SparkSession, settings: SinkSettings, sink: Any, match: str) -> None:
+    """Run the stream until `sink` crashes it (Spark has not committed that batch)."""
+    query = start_query(spark, settings, sink, available_now=True)
+    with pytest.raises(StreamingQueryException, match=match):
+        query.awaitTermination()
+    query.stop()
+
+
+def test_a_rerun_batch_keeps_the_first_runs_success_though_the_handler_now_fails_it(
+    spark, broker, make_settings
+):
+    """First run: o-1 succeeds, output and (no) commands are out, then the batch dies
+    before Spark commits it. The re-run's handler would fail o-1: the stored outcome
+    wins, so o-1 stays in the output and no command is published."""
+    settings = make_settings()
+    produce(broker, settings.kafka.clean_topic, [order(n, partitions=3) for n in range(6)])
+    crashing = CrashAfterBatch(make_sink(settings, orders), crash_in=0)
+    crash_first_run(spark, settings, crashing, "simulated crash after batch 0")
+    crashing.sink.close()
+    assert (crashing.sink.counts.written, crashing.sink.counts.failed) == (6, 0)
+
+    report = run_until_idle(settings, spark=spark, handler=failing_ids(["o-1"], reason="now no"))
+    assert (report.input_rows, report.written, report.failed) == (6, 6, 0)
+    assert sorted(r.dedup_id for r in output(spark, settings)) == [f"o-{n}" for n in range(6)]
+    assert release_commands(broker, settings, 0) == []
+
+
+def test_a_rerun_batch_releases_the_first_runs_failure_once_though_the_handler_now_passes_it(
+    spark, broker, make_settings
+):
+    """First run: o-1 fails; the batch dies after storing its outcomes, before its output
+    and commands. The re-run's handler would pass o-1: the stored outcome wins, so o-1
+    is released once, with the first run's reason, and is not in the output."""
+    settings = make_settings()
+    produce(broker, settings.kafka.clean_topic, [order(n, partitions=3) for n in range(6)])
+    first = make_sink(settings, failing_ids(["o-1"], reason="first answer"))
+    crashing = FailingOutputWrite(**{f.name: getattr(first, f.name) for f in fields(first)})
+    crash_first_run(spark, settings, crashing, "simulated crash writing the output of batch 0")
+    crashing.close()
+    assert crashing.counts.releases_published == 0
+
+    report = run_until_idle(settings, spark=spark, handler=orders)
+    assert (report.input_rows, report.written, report.failed) == (6, 5, 1)
+    assert report.releases_published == 1
+    assert sorted(r.dedup_id for r in output(spark, settings)) == [
+        f"o-{n}" for n in (0, 2, 3, 4, 5)
+    ]
+    (command,) = release_commands(broker, settings, 1)
+    assert (command["id"], command["reason"]) == ("o-1", "first answer")
+
+
+def test_markers_and_outcomes_go_through_hadoop_so_checkpoint_dir_can_be_a_uri(
+    spark, broker, make_settings, tmp_path, monkeypatch
+):
+    """`file:` URIs work through Hadoop's FileSystem (as hdfs:// and s3a:// do) but not
+    through Python path calls, which would create a relative `file:` directory here."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    root = tmp_path / "checkpoint-uri"
+    settings = make_settings(checkpoint_dir=f"file://{root}")
+    produce(broker, settings.kafka.clean_topic, [order(1), order(2, amount=-1)])
+
+    report = run_until_idle(settings, spark=spark)
+    assert (report.written, report.failed, report.releases_published) == (1, 1, 1)
+    assert (root / "query" / "commits" / "0").is_file()  # Spark's own checkpoint
+    assert (root / "releases" / "0.done").is_file()
+    assert (root / "outcomes" / "0" / "_OUTCOMES_COMPLETE").is_file()
+    assert spark.read.parquet(str(root / "outcomes" / "0")).count() == 2
+    assert list(cwd.iterdir()) == []
 
 
 def test_handler_crash_fails_the_whole_batch_and_the_stream_goes_on(spark, broker, make_settings):

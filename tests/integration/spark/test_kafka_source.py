@@ -11,9 +11,9 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 
-from gateway.topics import create_topics
+from devtools.topics import create_topics
 from spark_sink.kafka_source import SCHEMA, register
-from tests.integration.spark.session import Clean, order, produce
+from tests.integration.spark.session import Clean, order, produce, source_token
 
 pytestmark = pytest.mark.spark
 
@@ -80,7 +80,8 @@ def test_batch_read_has_the_native_kafka_schema_keys_values_and_headers(spark, b
     assert first.topic == topic and first.partition == 1
     assert json.loads(first.value)["order_id"] == "o-4"
     assert [(h.key, bytes(h.value)) for h in first.headers] == [
-        ("dedup-id", b"o-4"), ("dedup-source", b"raw/1/4"), ("dedup-token", b"900004"),
+        ("dedup-id", b"o-4"), ("dedup-source", b"raw/1/4"),
+        ("dedup-token", source_token(1, 4).encode()),
     ]  # fmt: skip
     assert first.timestampType == 0 and first.timestamp is not None
     tombstone = by_id[None]

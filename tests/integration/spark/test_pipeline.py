@@ -8,19 +8,19 @@ from collections import Counter
 
 import pytest
 
-from gateway.topics import wait_committed
-from gateway.traffic import produce_traffic
-from spark_sink.config import load_sink_settings
-from spark_sink.handlers import failing_ids
-from spark_sink.job import run_until_idle
-from tests.conftest import redis_urls
-from tests.integration.gateway_harness import (
+from devtools.handlers import failing_ids
+from devtools.harness import (
     Topics,
     counter_value,
     eventually,
     make_settings,
     running,
 )
+from devtools.topics import wait_committed
+from devtools.traffic import produce_traffic
+from spark_sink.config import load_sink_settings
+from spark_sink.job import run_until_idle
+from tests.conftest import redis_urls
 
 pytestmark = pytest.mark.spark
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from gateway.config import ConfigError
-from spark_sink.config import DEFAULT_HANDLER, kafka_client_config, load_sink_settings
+from gateway.kafka import librdkafka_options
+from gateway.logs import UtcJsonFormatter
+from spark_sink.config import DEFAULT_HANDLER, load_sink_settings
 
 
 def test_defaults():
@@ -18,6 +23,7 @@ def test_defaults():
     assert settings.spark.trigger_interval == timedelta(seconds=1)
     assert settings.spark.dedup_watermark == timedelta(minutes=10)
     assert settings.spark.source == "auto"
+    assert (settings.log.level, settings.log.json_format) == ("INFO", False)
 
 
 def test_shared_toml_file_gateway_sections_ignored_and_env_overrides(tmp_path: Path, monkeypatch):
@@ -26,7 +32,7 @@ def test_shared_toml_file_gateway_sections_ignored_and_env_overrides(tmp_path: P
         '[kafka]\nbootstrap_servers = "k1:9092"\nclean_topic = "orders-clean"\n'
         '[redis]\nnodes = ["redis://h1:7000/0"]\n[dedup]\nid = "key"\n'
         '[spark]\noutput_path = "/data/out"\ndedup_watermark = "30m"\n'
-        'handler = "spark_sink.handlers:failing_ids"\nhandler_options = {ids = ["o-1"]}\n'
+        'handler = "devtools.handlers:failing_ids"\nhandler_options = {ids = ["o-1"]}\n'
     )
     monkeypatch.setenv("GATEWAY_SPARK__MAX_RECORDS_PER_BATCH", "500")
     settings = load_sink_settings(path)
@@ -35,7 +41,7 @@ def test_shared_toml_file_gateway_sections_ignored_and_env_overrides(tmp_path: P
     assert settings.spark.dedup_watermark == timedelta(minutes=30)
     assert settings.spark.max_records_per_batch == 500
     assert settings.spark.handler_options == {"ids": ["o-1"]}
-    assert kafka_client_config(settings.kafka)["bootstrap.servers"] == "k1:9092"
+    assert librdkafka_options(settings.kafka)["bootstrap.servers"] == "k1:9092"
 
 
 @pytest.mark.parametrize(
@@ -68,3 +74,34 @@ def test_command_line_reports_a_bad_config_and_exits_2(tmp_path: Path, capsys):
     path.write_text('[spark]\nsource = "jdbc"\n')
     assert main(["--config", str(path)]) == 2
     assert "invalid setting spark.source" in capsys.readouterr().err
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root, py4j = logging.getLogger(), logging.getLogger("py4j")
+    handlers, level, py4j_level = root.handlers[:], root.level, py4j.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    py4j.setLevel(py4j_level)
+
+
+def test_command_line_configures_logging_from_the_log_section(
+    tmp_path: Path, monkeypatch, capsys, restore_logging
+):
+    import spark_sink.__main__ as entry
+
+    path = tmp_path / "gateway.toml"
+    path.write_text('[log]\nlevel = "WARNING"\njson = true\n')
+    ran: list[object] = []
+    monkeypatch.setattr(entry, "run_forever", ran.append)
+    assert entry.main(["--config", str(path)]) == 0
+    assert len(ran) == 1
+
+    root = logging.getLogger()
+    assert root.level == logging.WARNING
+    assert [type(h.formatter) for h in root.handlers] == [UtcJsonFormatter]
+    logging.getLogger("spark_sink.job").info("not shown")
+    logging.getLogger("spark_sink.job").warning("shown")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [(e["level"], e["message"]) for e in map(json.loads, lines)] == [("WARNING", "shown")]

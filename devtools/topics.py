@@ -1,4 +1,4 @@
-"""Topic administration and whole-topic reads, over aiokafka.
+"""Topic administration and whole-topic reads for the demo, the benchmark and the tests.
 
 `read_topic` finds the end of each partition from the high watermark carried in
 fetch responses, never from ListOffsets: the test broker's ListOffsets "latest"
@@ -17,6 +17,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from gateway.kafka import partitions_of
+
 
 async def create_topics(bootstrap: str, partitions: Mapping[str, int]) -> None:
     """Create each topic with its partition count; existing topics are left alone."""
@@ -28,18 +30,6 @@ async def create_topics(bootstrap: str, partitions: Mapping[str, int]) -> None:
                 await admin.create_topics([NewTopic(name, count, replication_factor=1)])
     finally:
         await admin.close()
-
-
-async def partitions_of(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 10) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        parts = consumer.partitions_for_topic(topic)
-        if parts:
-            return sorted(parts)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topic {topic!r} has no partitions in metadata")
-        await consumer._client.force_metadata_update()
-        await asyncio.sleep(0.05)
 
 
 async def read_topic(

@@ -1,4 +1,4 @@
-"""`dedup-gateway demo`: the whole pipeline on an embedded local stack.
+"""`make demo` (`python -m devtools.demo`): the whole pipeline on an embedded local stack.
 
 Starts a Tansu broker and three redis-server processes under `.state/`,
 produces generated traffic with duplicates (across partitions) and a few bad
@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,12 +25,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from devtools.harness import run_gateway_until
+from devtools.localstack import LocalStack, default_state_dir
+from devtools.topics import create_topics, read_topic, wait_committed
+from devtools.traffic import Traffic, produce_traffic
 from gateway.app import Gateway
 from gateway.config import Settings, load_settings
-from gateway.localstack import LocalStack, default_state_dir
 from gateway.logs import configure
-from gateway.topics import create_topics, read_topic, wait_committed
-from gateway.traffic import Traffic, produce_traffic
 
 console = Console()
 
@@ -51,29 +53,26 @@ def demo_settings(stack: LocalStack, *, clean: str, group: str, enabled: bool = 
 
 async def run_gateway(settings: Settings, traffic: Traffic, label: str) -> tuple[float, Gateway]:
     """Run one gateway until it has handled every raw record; return records/s."""
-    stop = asyncio.Event()
     gateway = Gateway(settings)
-    task = asyncio.create_task(gateway.run(stop))
-    try:
-        with Progress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as progress:  # fmt: skip
-            bar = progress.add_task(label, total=traffic.produced)
-            started: float | None = None
-            while (done := gateway.metrics.handled()) < traffic.produced:
-                if task.done():
-                    task.result()  # surface the gateway's error
-                if started is None and done:
-                    started = time.perf_counter()
-                progress.update(bar, completed=done)
-                await asyncio.sleep(0.05)
-            elapsed = time.perf_counter() - (started or time.perf_counter())
-        await wait_committed(settings.kafka.bootstrap_servers, settings.kafka.group_id, "raw",
-                             traffic.per_partition)  # fmt: skip
-    finally:
-        stop.set()
-        await task
+    with Progress(
+        TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    ) as progress:  # fmt: skip
+        bar = progress.add_task(label, total=traffic.produced)
+        started: float | None = None
+
+        def done() -> bool:
+            nonlocal started
+            handled = gateway.metrics.handled()
+            if started is None and handled:
+                started = time.perf_counter()
+            progress.update(bar, completed=handled)
+            return handled >= traffic.produced
+
+        await run_gateway_until(gateway, done, poll_s=0.05)
+        elapsed = time.perf_counter() - (started or time.perf_counter())
+    await wait_committed(settings.kafka.bootstrap_servers, settings.kafka.group_id, "raw",
+                         traffic.per_partition)  # fmt: skip
     return traffic.produced / max(elapsed, 1e-9), gateway
 
 
@@ -118,8 +117,8 @@ async def demo(args: argparse.Namespace) -> int:
     m = gateway.metrics
     table = Table(title="dedup gateway: demo summary", show_header=False)
     table.add_row("raw records in", f"{traffic.produced:,}")
-    table.add_row("forwarded to clean", f"{int(m.forwarded._value.get()):,}")
-    table.add_row("dropped as duplicates", f"{int(m.duplicates._value.get()):,}")
+    table.add_row("forwarded to clean", f"{m.forwarded_total():,}")
+    table.add_row("dropped as duplicates", f"{m.duplicates_total():,}")
     table.add_row("quarantined (no id)", f"{len(quarantine):,}")
     table.add_row("gateway throughput (N=3)", f"{rate:,.0f} records/s")
     table.add_row("plain forwarder, same run", f"{baseline_rate:,.0f} records/s")
@@ -159,7 +158,19 @@ def _run_spark(stack: LocalStack, state: Path) -> dict[str, Any]:
     }
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.demo", description="the whole pipeline on an embedded local stack"
+    )
+    parser.add_argument("--records", type=int, default=200_000, help="raw records to generate")
+    parser.add_argument("--duplicates", type=float, default=0.3, help="share of duplicates")
+    parser.add_argument("--partitions", type=int, default=4, help="raw topic partitions")
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark stage")
+    args = parser.parse_args(argv)
     # Per-record warnings (quarantined records) would drown the progress display.
     configure(load_settings(log={"level": "ERROR"}).log)
     return uvloop.run(demo(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,11 @@
-"""Run gateways against the test servers: in-process tasks, or real processes
-(for SIGKILL tests), with settings built through the real config loader."""
+"""Run gateways against local servers: in-process tasks, or real processes (for
+SIGKILL tests), with settings built through the real config loader. Used by the
+tests, the demo and the benchmark."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -11,14 +13,16 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
+from devtools.topics import create_topics, read_topic
 from gateway.app import Gateway
 from gateway.config import Settings, load_settings
-from gateway.topics import create_topics, read_topic
+from gateway.metrics import total
 
 
 class Topics:
@@ -53,21 +57,67 @@ def make_settings(bootstrap: str, topics: Topics, redis: list[str], **sections: 
         "metrics": {"host": "127.0.0.1", "port": 0},
     }  # fmt: skip
     for section, values in sections.items():
-        config.setdefault(section, {}).update(values)
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:  # a list of tables, e.g. lanes
+            config[section] = values
+    if "lanes" in sections:  # the lanes name the raw topics
+        del config["kafka"]["raw_topics"]
     return load_settings(**config)
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Gateway]:
+async def running(settings: Settings | Gateway) -> AsyncIterator[Gateway]:
     """A gateway as a task of this event loop; stopped (drained) on exit."""
     stop = asyncio.Event()
-    gateway = Gateway(settings)
+    gateway = settings if isinstance(settings, Gateway) else Gateway(settings)
     task = asyncio.create_task(gateway.run(stop))
+    gateway_tasks[gateway] = task
     try:
         yield gateway
     finally:
         stop.set()
+        gateway_tasks.pop(gateway, None)
         await asyncio.wait_for(task, 30)
+
+
+# The task running each gateway started by `running`, to surface its errors.
+gateway_tasks: dict[Gateway, asyncio.Task[None]] = {}
+
+
+async def until(
+    gateway: Gateway,
+    done: Callable[[], bool],
+    *,
+    poll_s: float = 0.01,
+    timeout_s: float | None = None,
+) -> None:
+    """Wait until `done()` holds for a gateway started by `running`.
+
+    Raises the gateway's own error if it stops first, TimeoutError after `timeout_s`.
+    """
+    task = gateway_tasks[gateway]
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while not done():
+        if task.done():
+            task.result()  # surface the gateway's error
+            raise RuntimeError("the gateway stopped before the run finished")
+        if deadline is not None and loop.time() > deadline:
+            raise TimeoutError(f"gateway not done within {timeout_s}s")
+        await asyncio.sleep(poll_s)
+
+
+async def run_gateway_until(
+    gateway: Gateway,
+    done: Callable[[], bool],
+    *,
+    poll_s: float = 0.01,
+    timeout_s: float | None = None,
+) -> None:
+    """Run `gateway` until `done()` holds, then stop it (drained)."""
+    async with running(gateway):
+        await until(gateway, done, poll_s=poll_s, timeout_s=timeout_s)
 
 
 def write_toml(path: Path, settings: Settings) -> Path:
@@ -99,6 +149,28 @@ def write_toml(path: Path, settings: Settings) -> Path:
         'host = "127.0.0.1"',
         "port = 0",
     ]
+    delay = settings.delay
+    if delay.enabled:
+        tiers = ", ".join(f'"{t // timedelta(milliseconds=1)}ms"' for t in delay.tiers)
+        lines += [
+            "[delay]",
+            "enabled = true",
+            f"tiers = [{tiers}]",
+            f'max_delay = "{delay.max_delay // timedelta(milliseconds=1)}ms"',
+            f'deliver_at_header = "{delay.deliver_at_header}"',
+            f'deliver_after_header = "{delay.deliver_after_header}"',
+        ]
+    coalesce = settings.coalesce
+    if coalesce.enabled:
+        ms = timedelta(milliseconds=1)
+        lines += [
+            "[coalesce]",
+            "enabled = true",
+            f'key = "{coalesce.key}"',
+            f'mode = "{coalesce.mode}"',
+            f'window = "{coalesce.window // ms}ms"',
+            f'max_window = "{coalesce.max_window // ms}ms"',
+        ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -137,9 +209,8 @@ async def produce(bootstrap: str, topic: str, records: list[RawTuple], partition
 
 
 def counter_value(counter: Any, *labels: str) -> float:
-    """Current value of a prometheus_client counter (child by labels)."""
-    child = counter.labels(*labels) if labels else counter
-    return float(child._value.get())
+    """Current value of a prometheus_client counter (the child with these label values)."""
+    return total(counter, **dict(zip(counter._labelnames, labels, strict=True)))
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 30, what: str = "") -> None:
@@ -152,11 +223,13 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 30, what:
 
 
 def failure_command(clean: ConsumerRecord[bytes, bytes], reason: str) -> RawTuple:
-    """The release command the Spark job sends for a clean record that failed."""
+    """The release command the Spark job sends for a clean record that failed: the id
+    readable (invalid UTF-8 replaced, as Spark's string cast does) and exact (`id_b64`)."""
     headers = dict(clean.headers)
     topic, partition, offset = headers["dedup-source"].decode().rsplit("/", 2)
     body = {
-        "id": headers["dedup-id"].decode(),
+        "id": headers["dedup-id"].decode(errors="replace"),
+        "id_b64": base64.b64encode(headers["dedup-id"]).decode(),
         "token": headers["dedup-token"].decode(),
         "reason": reason,
         "source": {"topic": topic, "partition": int(partition), "offset": int(offset)},

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
 
-from gateway.topics import partitions_of_producer
+from devtools.topics import partitions_of_producer
 
 
 @dataclass

@@ -1,0 +1,277 @@
+"""Redis CPU per digest of the claim script, how long one call holds an instance,
+and how a batch's chunks are best sent.
+
+    python -m bench.script_cost                      # 200k new ids, batches of 2000, 3 instances
+    python -m bench.script_cost --instances 1        # without 3 servers sharing 2 cores
+    python -m bench.script_cost --steady --ttl 16s   # two older slices full first (3 lookups)
+    python -m bench.script_cost --batch 100000       # the largest batch: calls stay short
+    python -m bench.script_cost --compare-sending    # pipelined chunks against the others
+
+Starts its own redis-server processes on free ports and calls `Quorum.claim`
+(the product's path). Redis CPU per digest is read two ways, per instance:
+`INFO commandstats` (EVALSHA usec / digests: wall time inside the script,
+which grows when the servers wait for a core) and `INFO cpu` (the server
+process's CPU seconds / digests: includes reading the request). The longest
+call comes from `LATENCY HISTOGRAM evalsha` (power-of-two buckets): what
+another gateway can wait behind one call. `redis-cli --latency` on the first
+instance, run alongside, shows what a plain client waited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from rich.console import Console
+
+from devtools.localstack import ManagedProcess, redis_server
+from gateway import scripts
+from gateway.config import Settings, load_settings
+from gateway.keys import mark_digest, owner_token
+from gateway.metrics import Metrics
+from gateway.quorum import Instance, Quorum
+
+console = Console()
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.script_cost", description=__doc__)
+    p.add_argument("--digests", type=int, default=200_000, help="new ids claimed (measured)")
+    p.add_argument("--batch", type=int, default=2000, help="digests per Quorum.claim call")
+    p.add_argument("--instances", type=int, default=3)
+    p.add_argument("--buckets", type=int, default=16_384, help="[redis] buckets")
+    p.add_argument("--ttl", default="24h", help="[redis] ttl")
+    p.add_argument("--duplicates", type=float, default=0.0, help="share of copies in the run")
+    p.add_argument(
+        "--steady",
+        action="store_true",
+        help="first fill two older slices with --digests ids each (waits for slices to roll: "
+        "use a short --ttl), so every new id searches three slices",
+    )
+    p.add_argument(
+        "--compare-sending",
+        action="store_true",
+        help="time a batch's chunks sent pipelined (the product), gathered on separate "
+        "connections, one after another, and the whole batch as one call (before chunks)",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds of --compare-sending")
+    return p.parse_args()
+
+
+class Gathered(Quorum):
+    """Each chunk its own call, all at once: the pool opens a connection per chunk."""
+
+    async def _run(self, inst: Instance, what: str, calls: Any) -> list[Any | None]:
+        return list(await asyncio.gather(
+            *(self._timed(inst, what, partial(inst.scripts[name], args=args))
+              for name, args in calls)
+        ))  # fmt: skip
+
+
+class Sequential(Quorum):
+    """Each chunk its own call, one after another."""
+
+    async def _run(self, inst: Instance, what: str, calls: Any) -> list[Any | None]:
+        return [await self._timed(inst, what, partial(inst.scripts[name], args=args))
+                for name, args in calls]  # fmt: skip
+
+
+class OneCall(Quorum):
+    """The whole batch in one call, as before chunks."""
+
+    async def claim(self, digests: Any, owners: Any) -> Any:
+        chunk, scripts.CHUNK_DIGESTS = scripts.CHUNK_DIGESTS, len(digests)
+        try:
+            return await super().claim(digests, owners)
+        finally:
+            scripts.CHUNK_DIGESTS = chunk
+
+
+SENDING: dict[str, type[Quorum]] = {
+    "pipelined (product)": Quorum,
+    "gathered": Gathered,
+    "sequential": Sequential,
+    "one call per batch": OneCall,
+}
+
+
+async def server_stats(quorum: Quorum) -> Stats:
+    """Per instance: EVALSHA calls and usec since CONFIG RESETSTAT, the server's CPU
+    seconds, and the upper bound (usec) of the slowest EVALSHA's histogram bucket."""
+    out = []
+    for inst in quorum.instances:
+        stats: dict[str, Any] = await inst.client.info("commandstats")
+        row = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+        cpu: dict[str, Any] = await inst.client.info("cpu")
+        used = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+        histogram = await inst.client.execute_command(  # type: ignore[no-untyped-call]
+            "LATENCY", "HISTOGRAM", "evalsha"
+        )  # {b"evalsha": {b"calls": n, b"histogram_usec": {bound: count}}}
+        buckets = histogram.get(b"evalsha", {}).get(b"histogram_usec", {})
+        longest = max((int(bound) for bound in buckets), default=0)
+        out.append((int(row["calls"]), int(row["usec"]), used, longest))
+    return out
+
+
+async def claim_all(quorum: Quorum, ids: list[bytes], batch: int, tag: str) -> list[float]:
+    """Claim `ids` batch by batch; the seconds each batch took."""
+    took = []
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
+        owners = [owner_token(tag, 0, start + i) for i in range(len(chunk))]
+        t0 = time.perf_counter()
+        await quorum.claim(chunk, owners)
+        took.append(time.perf_counter() - t0)
+    return took
+
+
+async def wait_for_next_slice(quorum: Quorum) -> None:
+    """Until the instances' current slice has ended (the next claim opens a new one)."""
+    client = quorum.instances[0].client
+    ends = int(await client.hget(quorum.prefix + b"slice", "ends") or 0)
+    now_s, now_us = await client.time()
+    await asyncio.sleep(max(0.0, (ends - (now_s * 1000 + now_us // 1000)) / 1000) + 0.05)
+
+
+Stats = list[tuple[int, int, float, int]]  # per instance: see server_stats
+
+
+@dataclass
+class Measured:
+    ids: list[bytes]
+    before: Stats
+    after: Stats
+    seconds: float
+    cpu: float  # the gateway process's
+
+
+async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured:
+    """Claim the run's ids, with the servers' statistics before and after."""
+    quorum = Quorum(settings.redis, Metrics())
+    try:
+        await quorum.check()  # first contact: the instances' epochs
+        if args.steady:
+            for slice_no in (1, 2):
+                older = [mark_digest(f"old{slice_no}-{i}".encode()) for i in range(args.digests)]
+                await claim_all(quorum, older, args.batch, f"old{slice_no}")
+                await wait_for_next_slice(quorum)
+        copies = int(args.digests * args.duplicates)
+        ids = [mark_digest(f"id-{i}".encode()) for i in range(args.digests - copies)]
+        ids += ids[:copies]
+        for inst in quorum.instances:
+            await inst.client.config_resetstat()
+        before = await server_stats(quorum)
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        await claim_all(quorum, ids, args.batch, "run")
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        return Measured(ids, before, await server_stats(quorum), seconds, cpu)
+    finally:
+        await quorum.close()
+
+
+def report_cost(
+    args: argparse.Namespace, servers: list[ManagedProcess], waited: str, measured: Measured
+) -> None:
+    ids, before, stats = measured.ids, measured.before, measured.after
+    seconds, cpu = measured.seconds, measured.cpu
+    copies = int(args.digests * args.duplicates)
+    cpu_us = [(after[2] - b[2]) * 1e6 for b, after in zip(before, stats, strict=True)]
+    for server, (calls, usec, _, longest), used in zip(servers, stats, cpu_us, strict=True):
+        console.print(
+            f"{server.name}: {calls} EVALSHA, {usec / max(calls, 1):,.0f} usec per call "
+            f"(longest <= {longest:,} usec), {usec / len(ids):.2f} usec per digest "
+            f"(commandstats), {used / len(ids):.2f} usec CPU per digest (used_cpu)"
+        )
+    mean = sum(s[1] for s in stats) / len(stats) / len(ids)
+    console.print(
+        f"[bold]{mean:.2f} usec per digest per instance (commandstats), "
+        f"{sum(cpu_us) / len(cpu_us) / len(ids):.2f} (used_cpu)[/] "
+        f"({len(ids):,} digests, {copies:,} copies, batches of {args.batch}, "
+        f"buckets {args.buckets}, ttl {args.ttl}{', steady' if args.steady else ''}); "
+        f"{len(ids) / seconds:,.0f} digests/s, gateway CPU {cpu / len(ids) * 1e6:.1f} usec "
+        f"per digest; redis-cli --latency on {servers[0].name}: {waited}"
+    )
+
+
+async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
+    """Each way of sending claims the same number of fresh ids, rounds interleaved."""
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in SENDING}
+    for round_no in range(args.rounds):
+        for name, cls in SENDING.items():
+            quorum = cls(settings.redis, Metrics())
+            try:
+                for inst in quorum.instances:
+                    await inst.client.flushall()
+                await quorum.check()
+                ids = [mark_digest(f"{round_no}-{name}-{i}".encode()) for i in range(args.digests)]
+                t0, cpu0 = time.perf_counter(), time.process_time()
+                took = await claim_all(quorum, ids, args.batch, name)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                results[name].append(
+                    (len(ids) / wall, cpu / len(ids) * 1e6, statistics.median(took) * 1000)
+                )
+            finally:
+                await quorum.close()
+    console.print(
+        f"sending {args.digests:,} new ids in batches of {args.batch} to {args.instances} "
+        f"instances, chunks of {scripts.CHUNK_DIGESTS}, {scripts.CHUNKS_PER_TRIP} per round "
+        f"trip; medians of {args.rounds} rounds"
+    )
+    for name, runs in results.items():
+        console.print(
+            f"  {name:22s} {statistics.median(r[0] for r in runs):>9,.0f} ids/s   gateway CPU "
+            f"{statistics.median(r[1] for r in runs):5.2f} usec/id   batch "
+            f"{statistics.median(r[2] for r in runs):6.1f} ms"
+        )
+
+
+def main() -> int:
+    args = parse()
+    with tempfile.TemporaryDirectory(prefix="script-cost-") as state:
+        servers = [redis_server(Path(state), f"redis-{i}") for i in range(args.instances)]
+        latency: subprocess.Popen[bytes] | None = None
+        try:
+            for server in servers:
+                server.start()
+            urls = [f"redis://127.0.0.1:{s.port}/0" for s in servers]
+            settings = load_settings(
+                redis={"nodes": urls, "buckets": args.buckets, "ttl": args.ttl, "timeout": "30s"}
+            )
+            if args.compare_sending:
+                uvloop.run(compare_sending(args, settings))
+                return 0
+            redis_cli = shutil.which("redis-cli")
+            if redis_cli:  # what a plain client on the first instance waits meanwhile
+                latency = subprocess.Popen(
+                    [redis_cli, "-p", str(servers[0].port), "--latency", "--raw"],
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                )  # fmt: skip
+            measured = uvloop.run(measure_cost(args, settings))
+            waited = "n/a"
+            if latency is not None:
+                latency.terminate()
+                fields = latency.communicate(timeout=10)[0].decode().split()
+                if len(fields) >= 4:  # min max avg samples
+                    waited = f"min {fields[0]} / max {fields[1]} / avg {fields[2]} ms"
+            report_cost(args, servers, waited, measured)
+        finally:
+            if latency is not None and latency.poll() is None:
+                latency.kill()
+                latency.wait()
+            for server in servers:
+                server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

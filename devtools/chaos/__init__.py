@@ -1,0 +1,54 @@
+"""Randomized fault schedules against a real local stack, and the checker that judges them.
+
+A seed becomes a run configuration (2 or 3 gateways, failure mode, id strategy,
+session timeout) and a schedule of faults (`schedule`). A run (`runner`) starts
+its own Tansu broker, three redis-server processes and the gateways as real
+processes in one group, produces raw traffic with hostile records in it
+(`traffic`), injects the faults while playing the Spark job's side of the
+contract on the clean topic (`standin`), lets everything settle, stops the
+gateways with SIGTERM and hands what it saw to the checker (`checker`). Each
+guarantee is one rule:
+
+- `lost`: every raw record with a usable id has its id processed successfully
+  or dead-lettered; a record the README leaves open (too large, a header name
+  that is not UTF-8) is forwarded or quarantined;
+- `quarantine`: every unusable record is on the quarantine topic with its
+  coordinates (one `dedup-source`) and reason (`dedup-error`), usable ones never;
+- `twice`: no id is processed successfully twice;
+- `repeats`: deliveries of a token already processed (the crash window) stay
+  within `max_batch_records` per raw partition per gateway kill;
+- `dead-letter`: only ids that always fail are dead-lettered, at `max_attempts`;
+- `command-invalid`: a command the job sent for a record it failed is never
+  skipped as invalid (from the gateways' logs: the id may still come through when
+  a rebalance replays the command, which hides the loss this rule catches);
+- `contract`: a clean record carries one `dedup-id`/`-token`/`-source`, naming a
+  raw record with that id and value;
+- `exit`, `traceback`: no gateway exits but by the schedule (SIGKILL) or the
+  final SIGTERM (code 0, within the deployments' 60 s grace period), and no
+  gateway log holds a traceback;
+- `stall`: progress resumes before each fault and the run settles in time;
+  `ledger`, `unreadable`: the harness saw the whole run.
+
+The seed fixes the schedule (faults, targets, durations, pauses), the traffic,
+which ids fail, and the command chaos. Process timing is not fixed by it, so a
+failing seed may take a few runs to fail again; the report names the rule, the
+id and the step of the schedule around it, and the command that reruns it.
+
+Long runs: `python -m devtools.chaos --seed S --minutes M` (`make chaos`).
+"""
+
+from devtools.chaos.checker import Observations, Violation, check
+from devtools.chaos.runner import Result, run_schedule
+from devtools.chaos.schedule import Fault, Schedule, Step, make_schedule
+
+__all__ = [
+    "Fault",
+    "Observations",
+    "Result",
+    "Schedule",
+    "Step",
+    "Violation",
+    "check",
+    "make_schedule",
+    "run_schedule",
+]

@@ -1,0 +1,166 @@
+"""The gateways of a chaos run as real processes, their settings file, and the
+committed offsets of their groups (read without joining them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from devtools.chaos.schedule import RunConfig
+from devtools.harness import Topics
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class GatewayProcess:
+    """`python -m gateway run` of this checkout, in its own session (signals stay ours)."""
+
+    def __init__(self, index: int, config: Path, log: Path) -> None:
+        self.index = index
+        self.config = config
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.incarnations = 0
+
+    def start(self, note: str) -> None:
+        self.incarnations += 1
+        with self.log.open("ab") as out:
+            out.write(
+                f"=== chaos: g{self.index} incarnation {self.incarnations}: {note}\n".encode()
+            )
+            out.flush()
+            env = {
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+                ),
+            }
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "run", "--config", str(self.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO_ROOT,
+                start_new_session=True,
+            )
+
+    def exited(self) -> int | None:
+        """The exit code, when the process ended (by itself or by us)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """After SIGTERM (one only: a second one exits without draining): the exit
+        code, or None if it had to be killed."""
+        if self.proc is None:
+            return 0
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+
+def gateway_toml(config: RunConfig, bootstrap: str, topics: Topics, redis: list[str]) -> str:
+    """The gateways' settings file (the product's public API, written out in full)."""
+    nodes = ", ".join(f'"{url}"' for url in redis)
+    return f"""\
+[kafka]
+bootstrap_servers = "{bootstrap}"
+raw_topics = ["{topics.raw}"]
+clean_topic = "{topics.clean}"
+failure_topic = "{topics.failures}"
+quarantine_topic = "{topics.quarantine}"
+dead_letter_topic = "{topics.dead}"
+group_id = "{topics.group}"
+max_batch_records = {config.max_batch_records}
+session_timeout = "{int(config.session_timeout_s * 1000)}ms"
+
+[redis]
+nodes = [{nodes}]
+timeout = "300ms"
+
+[dedup]
+id = "{config.id_spec}"
+on_no_quorum = "block"
+max_id_bytes = {config.max_id_bytes}
+retry_backoff_initial = "50ms"
+retry_backoff_max = "500ms"
+
+[failures]
+mode = "{config.mode}"
+max_attempts = {config.max_attempts}
+backoff_initial = "50ms"
+backoff_max = "500ms"
+
+[metrics]
+host = "127.0.0.1"
+port = 0
+"""
+
+
+class GroupOffsets:
+    """Committed offsets of the gateways' two groups, read without joining them."""
+
+    def __init__(self, bootstrap: str, topics: Topics, config: RunConfig) -> None:
+        def consumer(group: str) -> AIOKafkaConsumer:
+            return AIOKafkaConsumer(
+                bootstrap_servers=bootstrap,
+                group_id=group,
+                enable_auto_commit=False,
+                request_timeout_ms=60_000,
+            )
+
+        self.raw = consumer(topics.group)
+        self.failures = consumer(f"{topics.group}.failures")
+        self.raw_tps = [TopicPartition(topics.raw, p) for p in range(config.raw_partitions)]
+        self.failure_tps = [TopicPartition(topics.failures, p) for p in range(2)]
+
+    async def start(self) -> None:
+        await self.raw.start()
+        await self.failures.start()
+        self.raw.assign(self.raw_tps)
+        self.failures.assign(self.failure_tps)
+
+    async def stop(self) -> None:
+        await self.raw.stop()
+        await self.failures.stop()
+
+    async def raw_committed(self) -> dict[int, int] | None:
+        return await self._committed(self.raw, self.raw_tps)
+
+    async def failures_committed(self) -> dict[int, int] | None:
+        return await self._committed(self.failures, self.failure_tps)
+
+    @staticmethod
+    async def _committed(
+        consumer: AIOKafkaConsumer, tps: list[TopicPartition]
+    ) -> dict[int, int] | None:
+        """None when the broker does not answer in time (it may be stopped)."""
+        try:
+            async with asyncio.timeout(5):
+                return {tp.partition: (await consumer.committed(tp)) or 0 for tp in tps}
+        except (TimeoutError, KafkaError):
+            return None

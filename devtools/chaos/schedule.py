@@ -1,0 +1,253 @@
+"""A seed becomes a run configuration and a schedule of faults (pure: no I/O).
+
+Every fault class appears once, in a seeded order, then weighted random faults
+follow until the schedule is about `duration_s` long. Under the `guaranteed`
+profile every Redis fault hits the same member, so no id can lose a majority of
+its marks (the README's "one of 3 instances down, hung, or restarted empty");
+under `beyond` any member may fail.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+# gateway/failures.py: RawFetcher.fetch gives a raw record up as gone after 10 s.
+RAW_FETCH_DEADLINE_S = 10.0
+SHORT_SESSION_S = 2.0  # kills are noticed fast; a broker stop outlives every session
+LONG_SESSION_S = 20.0  # a broker stop past the raw-fetch deadline outlives no session
+
+Profile = Literal["guaranteed", "beyond"]
+Mode = Literal["retry", "release"]
+
+
+class Fault(enum.StrEnum):
+    GATEWAY_KILL = "gateway-kill"  # SIGKILL a gateway; restarted after `hold_s`
+    GATEWAY_STOP = "gateway-stop"  # SIGSTOP a gateway for `hold_s`, then SIGCONT
+    REDIS_KILL = "redis-kill"  # SIGKILL a member; restarted (empty) after `hold_s`
+    REDIS_STOP = "redis-stop"  # SIGSTOP a member for `hold_s` (hung: holds its socket)
+    REDIS_RESTART_EMPTY = "redis-restart-empty"  # SIGKILL a member and start it at once
+    BROKER_STOP = "broker-stop"  # SIGSTOP the broker past the raw-fetch deadline
+    HOSTILE_BURST = "hostile-burst"  # `size` hostile raw records at once
+    GARBAGE_COMMANDS = "garbage-commands"  # `size` malformed or forged failure commands
+
+
+WEIGHTS = {
+    Fault.GATEWAY_KILL: 5,
+    Fault.GATEWAY_STOP: 4,
+    Fault.REDIS_KILL: 2,
+    Fault.REDIS_STOP: 2,
+    Fault.REDIS_RESTART_EMPTY: 2,
+    Fault.BROKER_STOP: 1,
+    Fault.HOSTILE_BURST: 2,
+    Fault.GARBAGE_COMMANDS: 2,
+}
+GATEWAY_FAULTS = (Fault.GATEWAY_KILL, Fault.GATEWAY_STOP)
+REDIS_FAULTS = (Fault.REDIS_KILL, Fault.REDIS_STOP, Fault.REDIS_RESTART_EMPTY)
+
+HEADER_HOSTILE = (
+    "missing-id",
+    "empty-id",
+    "huge-id",
+    "non-utf8-id",
+    "duplicate-id-headers",
+    "forged-dedup-headers",
+    "non-utf8-header-name",
+    "oversize-record",
+    "tombstone",
+    "missing-id-forged-source",
+)
+JSON_HOSTILE = (
+    "not-json",
+    "nesting-bomb",
+    "missing-field",
+    "empty-id",
+    "huge-id",
+    "numeric-id",
+    "lone-surrogate-id",
+    "non-utf8-value",
+    "forged-dedup-headers",
+    "non-utf8-header-name",
+    "oversize-record",
+)
+KINDS = frozenset([*Fault, *HEADER_HOSTILE, *JSON_HOSTILE])  # what `exclude` may name
+
+
+@dataclass(frozen=True)
+class Step:
+    """One fault: after progress is seen, wait `pause_s`, then inject it."""
+
+    index: int
+    fault: Fault
+    target: int = -1  # gateway or Redis member index
+    hold_s: float = 0.0  # how long the fault lasts (stop, or down before a restart)
+    size: int = 0  # records or commands, for the bursts
+    pause_s: float = 0.0
+
+    def __str__(self) -> str:
+        if self.fault in GATEWAY_FAULTS:
+            what = f"g{self.target} for {self.hold_s:.1f}s"
+        elif self.fault in REDIS_FAULTS:
+            what = f"redis-{self.target}" + (f" for {self.hold_s:.1f}s" if self.hold_s else "")
+        elif self.fault is Fault.BROKER_STOP:
+            what = f"for {self.hold_s:.1f}s"
+        else:
+            what = f"x{self.size}"
+        return f"step {self.index}: {self.fault} {what} (after {self.pause_s:.1f}s)"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything about a run that is not a fault; derived from the seed."""
+
+    seed: int
+    profile: Profile
+    mode: Mode
+    id_spec: str  # "header:message-id" or "json:order.id"
+    gateways: int
+    fragile_redis: int  # the member the Redis faults hit, under the `guaranteed` profile
+    session_timeout_s: float
+    raw_partitions: int = 4
+    clean_partitions: int = 3
+    max_batch_records: int = 200
+    max_attempts: int = 3
+    max_id_bytes: int = 256
+    rate: int = 300  # raw records per second
+    duplicate_share: float = 0.25
+    hostile_share: float = 0.01
+    fail_once_share: float = 0.05
+    fail_always_share: float = 0.02  # retry mode only: these reach the dead-letter topic
+    command_duplicate_share: float = 0.15
+    command_stale_share: float = 0.15
+    command_reorder_share: float = 0.1
+    excluded: frozenset[str] = frozenset()  # fault and hostile-record kinds left out
+
+    @property
+    def json_ids(self) -> bool:
+        return self.id_spec.startswith("json:")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    config: RunConfig
+    steps: tuple[Step, ...]
+    duration_s: float  # what it was sized for
+
+    def describe(self) -> str:
+        c = self.config
+        where = f"redis-{c.fragile_redis}" if c.profile == "guaranteed" else "any member"
+        lines = [
+            f"seed {c.seed}: profile={c.profile} mode={c.mode} id={c.id_spec} "
+            f"gateways={c.gateways} session={c.session_timeout_s:g}s redis=3 (faults on {where}) "
+            f"max_batch_records={c.max_batch_records} max_attempts={c.max_attempts} "
+            f"rate={c.rate}/s"
+            + (f" excluded={','.join(sorted(c.excluded))}" if c.excluded else ""),
+        ]
+        lines += [f"  {step}" for step in self.steps]
+        return "\n".join(lines)
+
+    def reproduce(self) -> str:
+        """The command line that runs this schedule again."""
+        c = self.config
+        return (
+            f"python -m devtools.chaos --seed {c.seed} --schedules 1 "
+            f"--schedule-seconds {self.duration_s:g} --profile {c.profile} --mode {c.mode} "
+            f"--session {c.session_timeout_s:g}"
+            + (f" --exclude {','.join(sorted(c.excluded))}" if c.excluded else "")
+        )
+
+
+def make_schedule(
+    seed: int,
+    duration_s: float = 60.0,
+    profile: Profile = "guaranteed",
+    mode: Mode | None = None,
+    exclude: Iterable[str] = (),
+    session_timeout_s: float | None = None,
+) -> Schedule:
+    """The run configuration and faults for `seed`.
+
+    `mode` and `session_timeout_s` force those choices (else the seed makes
+    them); `exclude` leaves out fault classes and hostile record kinds by name
+    (see `KINDS`), e.g. to confirm the rest passes while one is being fixed.
+    """
+    excluded = frozenset(exclude)
+    if unknown := excluded - KINDS:
+        raise ValueError(f"unknown kinds {sorted(unknown)}; known: {sorted(KINDS)}")
+    rng = random.Random(f"{seed}:schedule")
+    # Every draw is made whatever is forced, so forcing one choice keeps the others.
+    draws = [rng.random() for _ in range(3)]
+    config = RunConfig(
+        seed=seed,
+        profile=profile,
+        mode=mode or ("release" if draws[0] < 0.3 else "retry"),
+        id_spec="json:order.id" if draws[1] < 0.25 else "header:message-id",
+        gateways=rng.choice((2, 3)),
+        fragile_redis=rng.randrange(3),
+        session_timeout_s=session_timeout_s
+        or (LONG_SESSION_S if draws[2] < 0.25 else SHORT_SESSION_S),
+        excluded=excluded,
+    )
+    kinds = [f for f in Fault if f not in excluded]
+    first = kinds[:]
+    rng.shuffle(first)
+    broker_stops_max = 1 + int(duration_s // 120)
+    steps: list[Step] = []
+    spent = 0.0
+    while kinds and (first or spent < duration_s):
+        if first:
+            fault = first.pop()
+        else:
+            fault = rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
+            stops = sum(s.fault is Fault.BROKER_STOP for s in steps)
+            if fault is Fault.BROKER_STOP and stops >= broker_stops_max:
+                continue
+        step = _make_step(rng, len(steps), fault, config)
+        steps.append(step)
+        spent += step.pause_s + _cost_s(step, config)
+    return Schedule(config, tuple(steps), duration_s)
+
+
+def _make_step(rng: random.Random, index: int, fault: Fault, config: RunConfig) -> Step:
+    pause = round(rng.uniform(0.0, 2.0), 2)
+    member = config.fragile_redis if config.profile == "guaranteed" else rng.randrange(3)
+    session = config.session_timeout_s
+    if fault is Fault.GATEWAY_KILL:
+        gateway, hold = rng.randrange(config.gateways), rng.uniform(0, 2.5)
+        return Step(index, fault, gateway, round(hold, 2), pause_s=pause)
+    if fault is Fault.GATEWAY_STOP:
+        # Short stops stay well inside the session (no rebalance); long ones outlive it.
+        short = rng.random() < 0.5
+        hold = rng.uniform(0.2, 0.4 * session) if short else rng.uniform(session + 0.5, session + 4)
+        return Step(index, fault, rng.randrange(config.gateways), round(hold, 2), pause_s=pause)
+    if fault is Fault.REDIS_KILL:
+        return Step(index, fault, member, round(rng.uniform(0.5, 4.0), 2), pause_s=pause)
+    if fault is Fault.REDIS_STOP:
+        return Step(index, fault, member, round(rng.uniform(0.5, 3.0), 2), pause_s=pause)
+    if fault is Fault.REDIS_RESTART_EMPTY:
+        return Step(index, fault, member, pause_s=pause)
+    if fault is Fault.BROKER_STOP:
+        hold = rng.uniform(RAW_FETCH_DEADLINE_S + 1, RAW_FETCH_DEADLINE_S + 3)
+        return Step(index, fault, hold_s=round(hold, 2), pause_s=pause)
+    return Step(index, fault, size=rng.randint(3, 12), pause_s=pause)
+
+
+def _cost_s(step: Step, config: RunConfig) -> float:
+    """A rough guess of the wall time a step takes, to size a schedule."""
+    if step.fault is Fault.BROKER_STOP:
+        return step.hold_s + 6
+    if step.fault is Fault.GATEWAY_KILL:
+        return step.hold_s + config.session_timeout_s + 3
+    if step.fault is Fault.GATEWAY_STOP:
+        return step.hold_s + 1
+    return 1 + step.hold_s / 2
+
+
+def outlives_session(step: Step, config: RunConfig) -> bool:
+    """A fault after which the group moves partitions (so the crash window applies)."""
+    if step.fault is Fault.GATEWAY_KILL:
+        return True
+    return step.fault is Fault.GATEWAY_STOP and step.hold_s >= config.session_timeout_s

@@ -1,0 +1,27 @@
+"""The scheduled-delivery benchmark's own correctness, not its speed: a small run
+routes every record to a tier before the shared due time, releases each id once
+after it, and reports rates for all five runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.delay import measure
+from devtools.localstack import LocalStack
+
+
+async def test_a_small_delay_run_releases_every_id_once_and_reports_every_rate(
+    tmp_path: Path,
+) -> None:
+    with LocalStack(tmp_path / "state", redis_count=3) as stack:
+        rates = await measure(stack, records=2000)
+    assert rates.release_correct
+    assert 1000 < rates.unique < 2000  # 20% duplicates
+    assert all(
+        rate > 0
+        for rate in (rates.forwarder, rates.gateway, rates.intake, rates.release, rates.coalesce)
+    )
+    assert set(rates.ratios) == {
+        "gateway-3 / forwarder", "delay-intake / forwarder", "delay-release / forwarder",
+        "coalesce-intake / forwarder",
+    }  # fmt: skip

@@ -1,0 +1,242 @@
+"""The schedule generator and the checker on their own (pure, fast): a seed gives one
+schedule, the guaranteed profile stays within the guarantees, and each rule of the
+checker fails on the observations that break it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from devtools.chaos import Fault, Observations, Step, check, make_schedule
+from devtools.chaos.checker import QuarantineCopy, SkippedCommand
+from devtools.chaos.schedule import KINDS, RunConfig
+from devtools.chaos.standin import DeadLetter, Delivery, fate
+from devtools.chaos.timeline import StepRun
+from devtools.chaos.traffic import RawEntry, RecordMaker, digest_of
+
+VALUE = b'{"order": {"id": "x"}}'
+
+
+def config(**changes: object) -> RunConfig:
+    return dataclasses.replace(make_schedule(3, 10).config, **changes)  # type: ignore[arg-type]
+
+
+def ids_with_fate(cfg: RunConfig, wanted: str, n: int) -> list[bytes]:
+    found = [f"id-{i}".encode() for i in range(10_000)]
+    return [i for i in found if fate(cfg.seed, i, cfg) == wanted][:n]
+
+
+def entry(partition: int, offset: int, message_id: bytes | None, **kw: object) -> RawEntry:
+    fields: dict[str, object] = {
+        "kind": "new",
+        "expect": "usable",
+        "reason": None,
+        "at": 1.0,
+        "value_digest": digest_of(VALUE),
+    }
+    fields.update(kw)
+    return RawEntry(partition, offset, message_id=message_id, **fields)  # type: ignore[arg-type]
+
+
+def delivery(
+    message_id: bytes,
+    source: tuple[int, int],
+    outcome: str = "ok",
+    token: str = "11",
+    attempt: int = 1,
+) -> Delivery:
+    return Delivery(
+        message_id,
+        token,
+        attempt,
+        source,
+        (0, source[1]),
+        outcome,
+        2.0,  # type: ignore[arg-type]
+        digest_of(VALUE),
+    )
+
+
+def observations(cfg: RunConfig, **kw: object) -> Observations:
+    fields: dict[str, object] = {
+        "entries": [],
+        "deliveries": [],
+        "dead": [],
+        "quarantine": [],
+        "step_runs": [],
+        "raw_highwater": {},
+    }
+    fields.update(kw)
+    obs = Observations(config=cfg, **fields)  # type: ignore[arg-type]
+    if not kw.get("raw_highwater"):
+        ends: dict[int, int | None] = {}
+        for e in obs.entries:
+            ends[e.partition] = max(ends.get(e.partition) or 0, e.offset + 1)
+        obs.raw_highwater = ends
+    return obs
+
+
+def rules(obs: Observations) -> list[str]:
+    return sorted({v.rule for v in check(obs) if not v.tolerated})
+
+
+def test_a_seed_gives_one_schedule_and_forcing_a_choice_keeps_the_others():
+    assert make_schedule(5, 60) == make_schedule(5, 60)
+    assert make_schedule(5, 60) != make_schedule(6, 60)
+    forced = make_schedule(5, 60, mode="release", session_timeout_s=20)
+    free = make_schedule(5, 60)
+    assert forced.steps == free.steps
+    assert (forced.config.id_spec, forced.config.gateways) == (
+        free.config.id_spec,
+        free.config.gateways,
+    )
+    assert RecordMaker(free.config).next() == RecordMaker(free.config).next()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_fault_class_appears_and_guaranteed_redis_faults_hit_one_member(seed):
+    schedule = make_schedule(seed, 30)
+    assert {s.fault for s in schedule.steps} == set(Fault)
+    redis = {s.target for s in schedule.steps if s.fault.value.startswith("redis")}
+    assert redis == {schedule.config.fragile_redis}
+    assert all(
+        0 <= s.target < schedule.config.gateways
+        for s in schedule.steps
+        if s.fault.value.startswith("gateway")
+    )
+
+
+def test_excluded_kinds_are_left_out_and_unknown_ones_refused():
+    schedule = make_schedule(1, 30, exclude=["broker-stop", "non-utf8-header-name"])
+    assert Fault.BROKER_STOP not in {s.fault for s in schedule.steps}
+    maker = RecordMaker(schedule.config)
+    assert "non-utf8-header-name" not in maker.hostile_kinds
+    assert "non-utf8-header-name" in KINDS
+    with pytest.raises(ValueError, match="unknown kinds"):
+        make_schedule(1, 30, exclude=["no-such-fault"])
+
+
+def test_a_clean_run_passes():
+    cfg = config(mode="retry")
+    (good,) = ids_with_fate(cfg, "ok", 1)
+    (once,) = ids_with_fate(cfg, "once", 1)
+    (always,) = ids_with_fate(cfg, "always", 1)
+    obs = observations(
+        cfg,
+        entries=[
+            entry(0, 0, good),
+            entry(0, 1, good, kind="copy"),
+            entry(0, 2, once),
+            entry(0, 3, always),
+            entry(0, 4, None, expect="quarantine", reason="empty_id"),
+        ],
+        deliveries=[
+            delivery(good, (0, 0)),
+            delivery(once, (0, 2), "failed", "21"),
+            delivery(once, (0, 2), "repeat", "21"),
+            delivery(once, (0, 2), "ok", "22", 2),
+            *(delivery(always, (0, 3), "failed", f"3{a}", a) for a in (1, 2, 3)),
+        ],
+        dead=[DeadLetter(always, cfg.max_attempts, (0, 3), 5.0)],
+        quarantine=[QuarantineCopy([b"raw/0/4"], [b"empty_id: id is empty"], (0, 0))],
+        step_runs=[StepRun(Step(0, Fault.GATEWAY_KILL, 0, 1.0), 1.5, 2.5)],
+    )
+    assert check(obs) == []
+
+
+def test_an_id_never_processed_is_lost_and_named_with_the_fault_around_it():
+    cfg = config()
+    (good,) = ids_with_fate(cfg, "ok", 1)
+    kill = StepRun(Step(4, Fault.GATEWAY_KILL, 1, 2.0), 0.5, 3.0)
+    obs = observations(cfg, entries=[entry(2, 0, good)], step_runs=[kill])
+    (violation,) = check(obs)
+    assert violation.rule == "lost"
+    assert good.decode() in violation.message and "raw 2/0" in violation.message
+    assert "during [step 4: gateway-kill g1" in violation.message
+
+
+def test_an_id_processed_successfully_twice_fails_unless_beyond_the_guarantees():
+    cfg = config()
+    (good,) = ids_with_fate(cfg, "ok", 1)
+    seen = {
+        "entries": [entry(0, 0, good), entry(1, 0, good, kind="copy")],
+        "deliveries": [delivery(good, (0, 0), token="1"), delivery(good, (1, 0), token="2")],
+    }
+    assert rules(observations(cfg, **seen)) == ["twice"]
+    beyond = check(observations(config(profile="beyond"), **seen))
+    assert [(v.rule, v.tolerated) for v in beyond] == [("twice", True)]
+
+
+def test_repeated_tokens_are_bounded_by_the_kills():
+    cfg = config(max_batch_records=2)
+    good = ids_with_fate(cfg, "ok", 4)
+    entries = [entry(0, i, m) for i, m in enumerate(good)]
+    ok = [delivery(m, (0, i), token=str(i)) for i, m in enumerate(good)]
+    again = [delivery(m, (0, i), "repeat", token=str(i)) for i, m in enumerate(good)]
+    assert rules(observations(cfg, entries=entries, deliveries=ok + again[:1])) == ["repeats"]
+    kill = StepRun(Step(0, Fault.GATEWAY_KILL, 0, 1.0), 0.0, 1.0)
+    within = observations(cfg, entries=entries, deliveries=ok + again[:3], step_runs=[kill])
+    assert check(within) == []  # 3 <= 1 kill x (2 + 1)
+    over = observations(cfg, entries=entries, deliveries=ok + again, step_runs=[kill])
+    assert rules(over) == ["repeats"]
+
+
+def test_unusable_records_must_be_quarantined_once_with_their_coordinates_and_reason():
+    cfg = config()
+    bad = entry(1, 0, None, kind="empty-id", expect="quarantine", reason="empty_id")
+    assert rules(observations(cfg, entries=[bad])) == ["quarantine"]
+    wrong = QuarantineCopy([b"raw/1/0"], [b"missing_header: no header"], (0, 0))
+    assert rules(observations(cfg, entries=[bad], quarantine=[wrong])) == ["quarantine"]
+    forged = QuarantineCopy([b"forged/9/9", b"raw/1/0"], [b"x", b"empty_id: empty"], (0, 0))
+    violations = check(observations(cfg, entries=[bad], quarantine=[forged]))
+    assert [v.rule for v in violations] == ["quarantine"]
+    assert "2 dedup-source" in violations[0].message
+
+
+def test_dead_letters_only_for_ids_that_always_fail():
+    cfg = config(mode="retry")
+    (once,) = ids_with_fate(cfg, "once", 1)
+    obs = observations(
+        cfg,
+        entries=[entry(0, 0, once)],
+        deliveries=[delivery(once, (0, 0), "failed")],
+        dead=[DeadLetter(once, cfg.max_attempts, (0, 0), 3.0)],
+    )
+    assert rules(obs) == ["dead-letter"]
+
+
+def test_exits_tracebacks_and_a_short_ledger_are_violations():
+    cfg = config()
+    (good,) = ids_with_fate(cfg, "ok", 1)
+    obs = observations(
+        cfg,
+        entries=[entry(0, 0, good)],
+        deliveries=[delivery(good, (0, 0))],
+        raw_highwater={0: 2},
+        unexpected_exits=["g0 exited with code 1"],
+        final_exit_codes={0: 0, 1: None},
+        tracebacks=["g1: KeyError"],
+    )
+    assert rules(obs) == ["exit", "ledger", "traceback"]
+    assert len([v for v in check(obs) if v.rule == "exit"]) == 2
+
+
+def test_a_valid_command_skipped_as_invalid_is_a_violation_and_garbage_is_not():
+    cfg = config()
+    (good,) = ids_with_fate(cfg, "ok", 1)
+    stop = StepRun(Step(2, Fault.BROKER_STOP, hold_s=12.0), 1.0, 13.0)
+    obs = observations(
+        cfg,
+        entries=[entry(0, 0, good)],
+        deliveries=[delivery(good, (0, 0))],
+        step_runs=[stop],
+        sent_commands={"f/0/4": good},
+        skipped_commands=[
+            SkippedCommand(11.5, 1, "f/0/4", "no raw record at raw/0/0"),
+            SkippedCommand(12.0, 0, "f/0/5", "not_json: garbage"),
+        ],
+    )
+    (violation,) = check(obs)
+    assert violation.rule == "command-invalid"
+    assert "f/0/4" in violation.message and "during [step 2: broker-stop" in violation.message

@@ -1,0 +1,46 @@
+"""Read marks and epochs straight from one redis-server, with the product's own
+scripts (gateway/scripts.py), for tests that check what an instance holds."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from devtools.localstack import ManagedProcess
+from gateway.config import load_settings
+from gateway.keys import Epoch
+from gateway.metrics import Metrics
+from gateway.quorum import Quorum
+
+
+@asynccontextmanager
+async def alone(server: ManagedProcess, **redis: Any) -> AsyncIterator[Quorum]:
+    """A quorum of just this server (what one gateway's call to it does)."""
+    settings = load_settings(redis={"nodes": [f"redis://127.0.0.1:{server.port}/0"], **redis})
+    quorum = Quorum(settings.redis, Metrics())
+    try:
+        yield quorum
+    finally:
+        await quorum.close()
+
+
+async def owners_on(server: ManagedProcess, digests: Sequence[bytes]) -> list[str | None]:
+    """The owner of each digest's live mark on `server` (None: none), default settings."""
+    async with alone(server) as quorum:
+        out: list[str | None] = []
+        for a in range(0, len(digests), 2000):
+            chunk = digests[a : a + 2000]
+            args = [*quorum.layout, len(chunk[0]), b"".join(chunk)]
+            reply = await quorum.run_script(quorum.instances[0], "lookup", args)
+            assert reply is not None, f"{server.name} does not answer"
+            out.extend(reply[i].decode() or None for i in range(0, len(reply), 2))
+        return out
+
+
+async def epoch_on(server: ManagedProcess, prefix: bytes = b"dd:") -> Epoch | None:
+    async with aioredis.Redis(port=server.port) as client:
+        raw = await client.get(prefix + b"epoch")
+    return Epoch.parse(raw.decode()) if raw else None

@@ -1,0 +1,238 @@
+"""An instance that lost its marks never tips a vote: epochs, recovering, rebuild,
+and the background ping that notices instances while no batch flows
+(gateway/keys.py "Epochs", gateway/quorum.py, gateway/rebuild.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from devtools.harness import Topics, eventually, make_settings, running
+from devtools.localstack import ManagedProcess
+from gateway import scripts
+from gateway.config import Settings, load_settings
+from gateway.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, mark_digest
+from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline
+from gateway.quorum import Quorum
+from gateway.rebuild import rebuild
+from gateway.vote import MINE, Outcome
+from tests.conftest import redis_urls
+from tests.integration.redis_marks import alone, epoch_on, owners_on
+
+Servers = list[ManagedProcess]
+
+
+@pytest.fixture
+async def three(redis_servers: Any) -> AsyncIterator[tuple[Servers, Settings, Quorum]]:
+    """Three fresh redis-servers and a gateway's quorum over them, epochs read."""
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "2s"})
+    quorum = Quorum(settings.redis, Metrics())
+    await quorum.check()
+    try:
+        yield servers, settings, quorum
+    finally:
+        await quorum.close()
+
+
+def restart_empty(server: ManagedProcess) -> None:
+    server.stop()
+    server.start()  # same port, no persistence: every mark and the epoch are gone
+
+
+async def ping_twice(quorum: Quorum) -> None:
+    """Two background pings: the first meets the connection a restart closed."""
+    for _ in range(2):
+        await quorum.check()
+
+
+async def vote(pipeline: Pipeline, message_id: bytes, owner: str) -> Outcome:
+    """The data path's decision for one record (claim, count, repair, fill)."""
+    (outcome,) = await pipeline.vote([message_id], [owner])
+    return outcome
+
+
+async def test_a_copy_split_x_y_x_is_undecided_while_the_third_restarted_empty_and_a_duplicate_after_rebuild(  # noqa: E501
+    three: tuple[Servers, Settings, Quorum], capsys: pytest.CaptureFixture[str]
+) -> None:
+    servers, settings, quorum = three
+    pipeline = Pipeline(settings, quorum, None, quorum.metrics)  # type: ignore[arg-type]
+    digest = mark_digest(b"order-7")
+    x, y = "1001", "2002"  # two copies' owner tokens; on a 1:1 split the smaller wins
+    # y's claim reached only the second instance (its gateway died there)...
+    async with alone(servers[1]) as second:
+        assert await second.claim([digest], [y]) == [[MINE]]
+    # ...then x's claim took the other two: (x, y, x), and x was forwarded.
+    assert await quorum.claim([digest], [x]) == [[MINE], [y], [MINE]]
+    restart_empty(servers[2])
+    # y is replayed. Counting the empty instance would give (x, MINE, MINE): forwarded
+    # twice. It is not counted, so the vote cannot decide: the first call meets the
+    # closed connection, the next one the lost epoch (nothing written), and from then
+    # on the instance is known to be recovering.
+    for _ in range(3):
+        assert await vote(pipeline, b"order-7", y) is Outcome.UNDECIDED
+    assert quorum.counted() == [True, True, False]
+    assert (await epoch_on(servers[2])).state == EPOCH_RECOVERING  # type: ignore[union-attr]
+
+    member = servers[2].name_label
+    code = await rebuild(settings, member, source=None, dry_run=False, output="json")
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    assert report["ties"] == 1 and report["epoch_after"].endswith(":trusted")
+    await quorum.check()  # what the background ping does
+    assert quorum.counted() == [True, True, True]
+    assert await owners_on(servers[2], [digest]) == [x]
+    assert await vote(pipeline, b"order-7", y) is Outcome.DUPLICATE
+
+
+async def test_a_fresh_deployment_starts_trusted_and_every_gateway_agrees_on_a_restart(
+    three: tuple[Servers, Settings, Quorum],
+) -> None:
+    servers, settings, first = three
+    epochs = [await epoch_on(s) for s in servers]
+    assert [e.state for e in epochs if e] == [EPOCH_TRUSTED] * 3  # nothing could be lost
+    assert first.healthy and first.counted() == [True, True, True]
+    await first.claim([mark_digest(b"a")], ["1"])  # the instances now hold marks
+    restart_empty(servers[0])
+    second = Quorum(settings.redis, Metrics())  # another gateway, started after the restart
+    try:
+        await second.check()
+        await ping_twice(first)
+        lost = await epoch_on(servers[0])
+        assert lost is not None and lost.state == EPOCH_RECOVERING
+        assert lost.id != epochs[0].id  # type: ignore[union-attr]
+        for quorum in (first, second):
+            assert quorum.instances[0].epoch == lost
+            assert quorum.counted() == [False, True, True]
+            assert quorum.healthy  # two of three trusted
+            assert quorum.metrics.redis_recovering.labels(servers[0].name_label)._value.get() == 1
+        servers[1].stop()
+        await first.check()
+        assert not first.healthy
+        why = first.why_unhealthy()
+        assert servers[1].name_label in why and "recovering" in why
+        assert servers[0].name_label in why
+    finally:
+        await second.close()
+
+
+async def test_a_claim_that_expects_another_epoch_writes_nothing(redis_servers: Any) -> None:
+    (server,) = redis_servers(1)
+    async with alone(server) as quorum, aioredis.Redis(port=server.port) as client:
+        await quorum.check()
+        epoch = quorum.instances[0].epoch
+        assert epoch is not None
+        claim = client.register_script(scripts.CLAIM)
+        digest = mark_digest(b"m")
+        for expected in ("", "not-" + epoch.id, epoch.id[:-1]):
+            reply = await claim(keys=[], args=[*quorum.layout, expected, 12, digest, "5,"])
+            assert reply == b"epoch:" + epoch.raw.encode()
+        assert await client.keys("dd:m:*") == [] and not await client.exists("dd:slice")
+        assert await claim(keys=[], args=[*quorum.layout, epoch.id, 12, digest, "5,"]) == [1]
+        await client.delete("dd:epoch")
+        assert await claim(keys=[], args=[*quorum.layout, epoch.id, 12, digest, "6,"]) == b"epoch:"
+
+
+async def test_a_recovering_instance_is_trusted_again_after_a_whole_mark_lifetime(
+    redis_servers: Any,
+) -> None:
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "ttl": "2s"})
+    quorum = Quorum(settings.redis, Metrics())
+    try:
+        await quorum.check()
+        await quorum.claim([mark_digest(b"a")], ["1"])
+        restart_empty(servers[1])
+        await ping_twice(quorum)
+        since = time.monotonic()
+        assert quorum.counted() == [True, False, True]
+
+        async def trusted() -> bool:
+            await quorum.check()
+            return quorum.counted() == [True, True, True]
+
+        while not await trusted():
+            assert time.monotonic() - since < 10, "still recovering"
+        # marks live at most 1.5 x ttl = 3 s: not trusted before that
+        assert time.monotonic() - since > 2.5
+        assert (await epoch_on(servers[1])).state == EPOCH_TRUSTED  # type: ignore[union-attr]
+    finally:
+        await quorum.close()
+
+
+async def test_a_rebuild_copies_the_live_marks_with_their_lifetime_and_a_dry_run_writes_nothing(
+    three: tuple[Servers, Settings, Quorum], capsys: pytest.CaptureFixture[str]
+) -> None:
+    servers, settings, quorum = three
+    ids = [mark_digest(f"r-{i}".encode()) for i in range(3000)]
+    tokens = [str(100 + i) for i in range(3000)]
+    await quorum.claim(ids, tokens)
+    restart_empty(servers[0])
+    await ping_twice(quorum)
+    member = servers[0].name_label
+
+    assert await rebuild(settings, member, source=None, dry_run=True, output="json") == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert (dry["marks_read"], dry["written"], dry["dry_run"]) == (3000, 3000, True)
+    assert await owners_on(servers[0], ids[:5]) == [None] * 5
+    assert (await epoch_on(servers[0])).state == EPOCH_RECOVERING  # type: ignore[union-attr]
+
+    assert await rebuild(settings, member, source=servers[2].name_label, dry_run=False,
+                         output="text") == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert f"rebuild {member} from {servers[2].name_label}" in text
+    assert "written 3000" in text
+    assert await owners_on(servers[0], ids) == tokens
+    async with (
+        aioredis.Redis(port=servers[0].port) as target,
+        aioredis.Redis(port=servers[2].port) as source,
+    ):
+        shard = int.from_bytes(ids[0][:3], "big") % 16_384  # ids[0]'s bucket, on each side
+        (bucket,) = await source.keys(f"dd:m:*:{shard}")
+        (copied,) = await target.keys(f"dd:m:*:{shard}")
+        # the copy lives as long as the original, at most one slice (ttl/2) longer
+        left, kept = await source.pttl(bucket), await target.pttl(copied)
+        assert left - 5000 <= kept <= left + 12 * 3600 * 1000 + 5000
+    await quorum.check()
+    assert quorum.counted() == [True, True, True]
+
+    assert await rebuild(settings, "nowhere:1/0", source=None, dry_run=False, output="json") == 2
+    assert "members" in json.loads(capsys.readouterr().out)["error"]
+
+
+async def test_an_idle_gateway_notices_a_dead_member_and_its_empty_restart(
+    broker: str, redis_servers: Any, names: Callable[[str], str]
+) -> None:
+    topics = Topics(names)
+    await topics.create(broker)
+    servers = redis_servers(3)
+    settings = make_settings(broker, topics, redis_urls(servers))
+    settings.redis.ping_interval = timedelta(milliseconds=200)
+    async with running(settings) as gateway:
+        m, label = gateway.metrics, servers[1].name_label
+        up = m.redis_up.labels(label)._value
+        recovering = m.redis_recovering.labels(label)._value
+        await eventually(lambda: gateway.readiness()[0], what="ready")
+        async with alone(servers[0]) as q:  # an instance that holds marks
+            await q.claim([mark_digest(b"z")], ["9"])
+        assert (up.get(), recovering.get()) == (1, 0)
+        servers[1].kill()
+        killed = time.monotonic()
+        await eventually(lambda: up.get() == 0, timeout_s=5, what="redis_up 0")
+        assert time.monotonic() - killed < 0.2 + 0.3 + 1  # interval + timeout + slack
+        servers[1].start()  # empty
+        await eventually(lambda: up.get() == 1 and recovering.get() == 1, timeout_s=5)
+        assert gateway.readiness()[0]  # still two trusted of three
+        assert m.quorum_healthy._value.get() == 1
+        servers[2].stop()
+        await eventually(lambda: not gateway.readiness()[0], timeout_s=5)
+        assert m.quorum_healthy._value.get() == 0
+        why = gateway.readiness()[1]
+        assert "recovering" in why and label in why and servers[2].name_label in why

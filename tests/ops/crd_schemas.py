@@ -1,0 +1,138 @@
+"""JSON schemas for the two Prometheus Operator objects deploy/k8s renders.
+
+kubernetes-validate knows only the core API, and the operator's CRDs (their
+openAPIV3Schema) are not available offline here. These schemas are the part
+of monitoring.coreos.com/v1 that our objects use, written from the CRDs'
+field names and types: unknown fields are rejected (the API server would
+silently prune them, so a typo would be lost without a word), durations use
+the CRD's `Duration` pattern, and required fields are required.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# monitoring.coreos.com/v1 `Duration`.
+DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+    r"(([0-9]+)ms)?)$",
+}
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+NAME = {
+    "type": "string",
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    "maxLength": 253,
+}
+
+
+def _object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": NAME,
+                    "namespace": NAME,
+                    "labels": STRING_MAP,
+                    "annotations": STRING_MAP,
+                },
+                "additionalProperties": False,
+            },
+            "spec": spec,
+        },
+    }
+
+
+RULE = {
+    "type": "object",
+    "required": ["expr"],
+    "additionalProperties": False,
+    "properties": {
+        "alert": {"type": "string", "minLength": 1},
+        "record": {"type": "string", "minLength": 1},
+        "expr": {"type": ["string", "integer"]},
+        "for": DURATION,
+        "keep_firing_for": DURATION,
+        "labels": STRING_MAP,
+        "annotations": STRING_MAP,
+    },
+    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+}
+
+PROMETHEUS_RULE = _object(
+    "PrometheusRule",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "groups": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["name", "rules"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": DURATION,
+                        "query_offset": DURATION,
+                        "limit": {"type": "integer"},
+                        "partial_response_strategy": {"type": "string"},
+                        "labels": STRING_MAP,
+                        "rules": {"type": "array", "minItems": 1, "items": RULE},
+                    },
+                },
+            }
+        },
+    },
+)
+
+LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": STRING_MAP,
+        "matchExpressions": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+SERVICE_MONITOR = _object(
+    "ServiceMonitor",
+    {
+        "type": "object",
+        "required": ["selector", "endpoints"],
+        "additionalProperties": False,
+        "properties": {
+            "selector": LABEL_SELECTOR,
+            "namespaceSelector": {"type": "object"},
+            "jobLabel": {"type": "string"},
+            "endpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "port": {"type": "string"},
+                        "targetPort": {"type": ["string", "integer"]},
+                        "path": {"type": "string", "pattern": "^/"},
+                        "scheme": {"enum": ["http", "https"]},
+                        "interval": DURATION,
+                        "scrapeTimeout": DURATION,
+                        "honorLabels": {"type": "boolean"},
+                    },
+                    "oneOf": [{"required": ["port"]}, {"required": ["targetPort"]}],
+                },
+            },
+        },
+    },
+)
+
+SCHEMAS = {"PrometheusRule": PROMETHEUS_RULE, "ServiceMonitor": SERVICE_MONITOR}

