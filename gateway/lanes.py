@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -140,7 +140,7 @@ class LaneScheduler:
             if self.lane_of.get(tp.topic) in self.releasing and not self.blocked.holding(tp, now)
         ]
 
-    def fetched(self, partitions: Sequence[TopicPartition] | set[TopicPartition]) -> None:
+    def fetched(self, partitions: Iterable[TopicPartition]) -> None:
         """A batch brought records of these partitions: a starved lane's release has done."""
         for tp in partitions:
             self.releasing.pop(self.lane_of.get(tp.topic, ""), None)

@@ -109,13 +109,16 @@ class RawSource:
         self, consumer: AIOKafkaConsumer, first: list[TopicPartition]
     ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
         """One fetch; a starved lane's partitions (`first`) are asked on their own first."""
+        batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
         if first:
             batch = await consumer.getmany(
                 *first, timeout_ms=STARVED_FETCH_MS, max_records=self.max_records
             )
-            if batch:
-                return batch
-        return await consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=self.max_records)
+        if not batch:
+            batch = await consumer.getmany(
+                timeout_ms=FETCH_TIMEOUT_MS, max_records=self.max_records
+            )
+        return batch
 
     async def _salvage(self, error: UnicodeDecodeError, started: float) -> bool:
         """Get past the records aiokafka could not parse, as one batch; False to try again.
