@@ -157,3 +157,35 @@ async def test_a_low_lane_held_past_max_starve_is_let_through_while_the_high_lan
         await wait_committed(broker, topics.group, low, dict(enumerate(low_counts)))
     assert high_when_let_through < 30_000  # the low lane got through before the high lane drained
     assert releases >= 1
+
+
+async def test_a_lane_with_its_own_clean_topic_gets_its_records_and_ids_stay_unique_across_both(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1)
+    high, low, high_clean = names("high"), names("low"), names("high-clean")
+    await create_topics(broker, {high: 2, low: 2, high_clean: 2})
+    shared = [f"s-{i}" for i in range(200)]
+    low_counts = await produce_ids(broker, low, [f"l-{i}" for i in range(800)] + shared, 2)
+    high_counts = await produce_ids(broker, high, shared + [f"h-{i}" for i in range(300)], 2)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        lanes=[
+            {"name": "high", "raw_topics": [high], "priority": 1, "clean_topic": high_clean},
+            {"name": "low", "raw_topics": [low], "priority": 0},
+        ],
+    )  # fmt: skip
+    async with running(settings):
+        await wait_committed(broker, topics.group, high, dict(enumerate(high_counts)))
+        await wait_committed(broker, topics.group, low, dict(enumerate(low_counts)))
+    by_topic = {topic: await read_topic(broker, topic) for topic in (topics.clean, high_clean)}
+    ids = Counter(dict(r.headers)[H_ID].decode() for records in by_topic.values() for r in records)
+    assert len(ids) == 800 + 200 + 300 and max(ids.values()) == 1  # each id once, in all
+    for topic, records in by_topic.items():
+        lane = "high" if topic == high_clean else "low"
+        assert records, f"nothing reached {topic}"
+        for rec in records:
+            headers = dict(rec.headers)
+            assert headers[H_LANE].decode() == lane, (topic, headers)
+            assert headers[H_SOURCE].decode().startswith(high if lane == "high" else low)
