@@ -4,14 +4,18 @@ reasons), tier names and choice, routing of decided-new records, and the
 
 from __future__ import annotations
 
+from collections import deque
 from datetime import timedelta
 
 import pytest
+from aiokafka import ConsumerRecord, TopicPartition
 
 from gateway.coalesce import now_ms
 from gateway.config import ConfigError, load_settings
 from gateway.delay import (
+    DelayLoop,
     Router,
+    _Partition,
     next_step_ms,
     pick_tier,
     requested_due,
@@ -222,3 +226,72 @@ def test_bad_delay_settings_stop_start_up_naming_them(sections, hint):
 def test_max_delay_may_exceed_the_default_ttl_when_ttl_is_raised():
     settings = load_settings(redis={"ttl": "3d"}, delay={"enabled": True, "max_delay": "2d"})
     assert settings.delay.max_delay == timedelta(days=2)
+
+
+def test_the_commit_point_stays_at_the_first_record_not_yet_moved():
+    part = _Partition(taken=deque([5, 6, 7]), next_offset=8)
+    part.moved.add(6)  # moved out of order (a smaller tier's step came first)
+    assert part.commit_point() == 5  # 5 is still held: a restart must read it again
+    part.moved.add(5)
+    assert part.commit_point() == 7
+    part.moved.add(7)
+    assert part.commit_point() == 8  # everything taken moved: up to the next to read
+    assert not part.taken and not part.moved
+
+
+class _Consumer:
+    """What DelayLoop._take asks of a consumer: its assignment, seek and pause."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.sought: dict[TopicPartition, int] = {}
+        self.paused: set[TopicPartition] = set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return {self.tp}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.sought[tp] = offset
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused.update(tps)
+
+
+def tier_record(tp: TopicPartition, offset: int, step_in_ms: int) -> ConsumerRecord:
+    now = now_ms()
+    headers = [(H_DELIVER_AT, str(now + step_in_ms).encode()), (H_TIER_AT, str(now).encode())]
+    return ConsumerRecord(tp.topic, tp.partition, offset, now, 0, b"k", b"v", None, 1, 1, headers)
+
+
+def delay_loop(tp: TopicPartition) -> tuple[DelayLoop, _Consumer]:
+    settings = load_settings(
+        kafka={"clean_topic": "c"}, delay={"enabled": True, "tiers": ["1s", "4s", "16s"]}
+    )
+    consumer = _Consumer(tp)
+    return DelayLoop(settings, consumer, sink=None, metrics=Metrics()), consumer  # type: ignore[arg-type]
+
+
+def test_a_full_memory_pauses_the_partition_at_the_first_record_not_held(monkeypatch):
+    tp = TopicPartition("c.delay.1s", 0)
+    loop, consumer = delay_loop(tp)
+    monkeypatch.setattr("gateway.delay.MAX_HELD", 3)
+    records = [tier_record(tp, offset, 500) for offset in range(10, 15)]
+    now = now_ms()
+    loop._take(tp, records, now)
+    assert [h.record.offset for h in sorted(loop.held)] == [10, 11, 12]
+    assert consumer.paused == {tp} and consumer.sought == {tp: 13}  # 13 is read again
+    part = loop.parts[tp]
+    assert part.next_offset == 13 and part.commit_point() == 10
+    assert part.resume_at_ms is not None and part.resume_at_ms <= now + 1_000
+
+
+def test_a_record_whose_step_is_beyond_the_lead_pauses_its_partition_until_near_it():
+    tp = TopicPartition("c.delay.16s", 0)
+    loop, consumer = delay_loop(tp)
+    records = [tier_record(tp, 0, 500), tier_record(tp, 1, 8_000), tier_record(tp, 2, 500)]
+    now = now_ms()
+    loop._take(tp, records, now)
+    assert [h.record.offset for h in loop.held] == [0]  # the one after 1 waits behind it
+    assert consumer.sought == {tp: 1} and consumer.paused == {tp}
+    resume = loop.parts[tp].resume_at_ms
+    assert resume is not None and now + 8_000 - loop.lead_ms - 50 <= resume <= now + 8_000
