@@ -7,6 +7,7 @@ import asyncio
 import base64
 import binascii
 import gc
+import io
 import json
 import logging
 import os
@@ -45,11 +46,22 @@ async def _until_signalled(main: Coroutine[Any, Any, None], stop: asyncio.Event)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
+    loop.add_signal_handler(signal.SIGUSR1, log_tasks)
     try:
         await main
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+def log_tasks() -> None:
+    """SIGUSR1: log where every asyncio task waits (for a process that will not stop)."""
+    tasks = asyncio.all_tasks()
+    logger.warning("SIGUSR1: %d asyncio tasks", len(tasks))
+    for task in tasks:
+        out = io.StringIO()
+        task.print_stack(file=out)
+        logger.warning("task %s:\n%s", task.get_name(), out.getvalue().rstrip())
 
 
 def configure_gc() -> None:

@@ -4,6 +4,7 @@ committed offsets of their groups (read without joining them)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,8 +80,27 @@ class GatewayProcess:
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            self._dump_stacks()
             self.kill()
             return None
+
+    def _dump_stacks(self) -> None:
+        """Append where a gateway that would not stop is stuck (py-spy, a dev tool) to its log."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGUSR1)  # the gateway logs its asyncio tasks' stacks
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2)
+        py_spy = Path(sys.executable).with_name("py-spy")
+        try:
+            dump = subprocess.run(
+                [str(py_spy), "dump", "--pid", str(self.proc.pid)],
+                capture_output=True, timeout=30, check=False,
+            )  # fmt: skip
+            text = dump.stdout + dump.stderr
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"py-spy dump failed: {exc!r}\n".encode()
+        with self.log.open("ab") as out:
+            out.write(f"=== chaos: g{self.index} did not stop; its stacks:\n".encode() + text)
 
 
 def gateway_toml(config: RunConfig, bootstrap: str, topics: Topics, redis: list[str]) -> str:

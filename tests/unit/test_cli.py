@@ -3,7 +3,9 @@ checks and confirmations that stop before anything connects."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sys
 import types
 from importlib import metadata
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway import cli
 from gateway.cli import _message_id, build_parser, main
 
 # Unreachable on purpose: a command that got as far as connecting would fail differently.
@@ -144,3 +147,20 @@ def test_rebuild_passes_its_arguments_to_gateway_rebuild(config, monkeypatch):
     assert main(argv) == 3
     assert calls == [(["orders"], "127.0.0.1:6381/0", "127.0.0.1:6380/0", True, "json")]
     assert build_parser().parse_args(["rebuild", "m"]).source is None
+
+
+async def test_sigusr1_logs_where_every_asyncio_task_waits(caplog):
+    gate = asyncio.Event()
+
+    async def waiting_on_the_gate() -> None:
+        await gate.wait()
+
+    task = asyncio.create_task(waiting_on_the_gate(), name="stuck-one")
+    await asyncio.sleep(0)  # let it reach its await
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        cli.log_tasks()
+    gate.set()
+    await task
+    text = caplog.text
+    assert "asyncio tasks" in text
+    assert "task stuck-one:" in text and "waiting_on_the_gate" in text
