@@ -242,7 +242,7 @@ class Pipeline:
         replies = await self.quorum.claim(digests, owners)
         counted = self.quorum.counted()
         masked = not all(counted)  # a recovering instance answers, but its answers do not count
-        quorum = self.quorum.majority
+        quorum, trusted = self.quorum.majority, sum(counted)
         outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
         fills: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
@@ -252,7 +252,7 @@ class Pipeline:
                 outcomes.append(Outcome.FORWARD)
                 continue
             votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
-            decision = decide(owner, votes, quorum)
+            decision = decide(owner, votes, quorum, trusted)
             outcomes.append(decision.outcome)
             if decision.winner is None:
                 continue

@@ -350,17 +350,32 @@ class Quorum:
             self._queue(inst, fills)
 
     async def repair(self, per_instance: Sequence[list[tuple[bytes, str, str]]]) -> int:
-        """Rewrite (digest, seen owner, winner) marks where they still hold what was seen."""
+        """Rewrite (digest, seen owner, winner) marks where they still hold what was seen.
+
+        A chunk that gets no answer is queued as fills (digest, winner, seen): the
+        fill writes the winner where the mark still holds `seen`, once the instance
+        answers. Dropped instead, a split left unrepaired would outlive the vote, and
+        with another instance recovering a later copy could win its tie.
+        """
         size = scripts.CHUNK_DIGESTS
 
         async def one(inst: Instance, todo: list[tuple[bytes, str, str]]) -> int:
             if not todo:
                 return 0
+            chunks = [todo[a : a + size] for a in range(0, len(todo), size)]
             calls: list[Call] = [
-                ("repair", [*self.layout, *(v for mark in todo[a : a + size] for v in mark)])
-                for a in range(0, len(todo), size)
+                ("repair", [*self.layout, *(v for mark in chunk for v in mark)]) for chunk in chunks
             ]
-            return sum(int(r or 0) for r in await self._run(inst, "repair", calls))
+            results = await self._run(inst, "repair", calls)
+            missed = [
+                (digest, winner, seen)
+                for chunk, result in zip(chunks, results, strict=True)
+                if result is None
+                for digest, seen, winner in chunk
+            ]
+            if missed:
+                self._queue(inst, missed)
+            return sum(int(r or 0) for r in results)
 
         results = await asyncio.gather(
             *(one(inst, todo) for inst, todo in zip(self.instances, per_instance, strict=True))

@@ -59,7 +59,7 @@ async def vote(pipeline: Pipeline, message_id: bytes, owner: str) -> Outcome:
     return outcome
 
 
-async def test_a_copy_split_x_y_x_is_undecided_while_the_third_restarted_empty_and_a_duplicate_after_rebuild(  # noqa: E501
+async def test_a_copy_split_x_y_x_rebuilt_after_the_third_restarted_empty_is_a_duplicate(
     three: tuple[Servers, Settings, Quorum], capsys: pytest.CaptureFixture[str]
 ) -> None:
     servers, settings, quorum = three
@@ -69,15 +69,15 @@ async def test_a_copy_split_x_y_x_is_undecided_while_the_third_restarted_empty_a
     # y's claim reached only the second instance (its gateway died there)...
     async with alone(servers[1]) as second:
         assert await second.claim([digest], [y]) == [[MINE]]
-    # ...then x's claim took the other two: (x, y, x), and x was forwarded.
+    # ...then x's claim took the other two: (x, y, x), decided for x, the second's
+    # repair not done yet.
     assert await quorum.claim([digest], [x]) == [[MINE], [y], [MINE]]
     restart_empty(servers[2])
-    # y is replayed. Counting the empty instance would give (x, MINE, MINE): forwarded
-    # twice. It is not counted, so the vote cannot decide: the first call meets the
-    # closed connection, the next one the lost epoch (nothing written), and from then
-    # on the instance is known to be recovering.
-    for _ in range(3):
-        assert await vote(pipeline, b"order-7", y) is Outcome.UNDECIDED
+    # y is replayed: the first call meets the closed connection (no answer from an
+    # instance still counted: undecided); counting the empty instance would give
+    # (x, MINE, MINE), y forwarded twice.
+    assert await vote(pipeline, b"order-7", y) is Outcome.UNDECIDED
+    await quorum.check()  # what the background ping does: the lost epoch is seen
     assert quorum.counted() == [True, True, False]
     assert (await epoch_on(servers[2])).state == EPOCH_RECOVERING  # type: ignore[union-attr]
 
@@ -86,10 +86,37 @@ async def test_a_copy_split_x_y_x_is_undecided_while_the_third_restarted_empty_a
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
     assert report["ties"] == 1 and report["epoch_after"].endswith(":trusted")
-    await quorum.check()  # what the background ping does
+    await quorum.check()
     assert quorum.counted() == [True, True, True]
     assert await owners_on(servers[2], [digest]) == [x]
     assert await vote(pipeline, b"order-7", y) is Outcome.DUPLICATE
+    assert await owners_on(servers[1], [digest]) == [x]  # the vote repaired the split
+
+
+async def test_copies_splitting_the_two_trusted_instances_while_the_third_recovers_are_decided(
+    three: tuple[Servers, Settings, Quorum],
+) -> None:
+    """Two gateways claim copies of one id at the same moment, each reaching one
+    trusted instance first, while the third recovers: one is forwarded, the other a
+    duplicate, and the split is repaired (before, both stayed undecided until a
+    rebuild and blocked their partitions: chaos seed 37)."""
+    servers, settings, quorum = three
+    pipeline = Pipeline(settings, quorum, None, quorum.metrics)  # type: ignore[arg-type]
+    await quorum.claim([mark_digest(b"before")], ["1"])  # the instances hold marks
+    restart_empty(servers[2])
+    for _ in range(2):  # the first read meets the closed connection
+        await quorum.check()
+    assert quorum.counted() == [True, True, False]
+    digest = mark_digest(b"order-8")
+    x, y = "1001", "2002"
+    for server, token in ((servers[0], x), (servers[1], y)):
+        async with alone(server) as one:
+            assert await one.claim([digest], [token]) == [[MINE]]
+    outcomes = {token: await vote(pipeline, b"order-8", token) for token in (y, x)}
+    assert outcomes == {x: Outcome.FORWARD, y: Outcome.DUPLICATE}
+    assert await owners_on(servers[0], [digest]) == [x]
+    assert await owners_on(servers[1], [digest]) == [x]  # repaired towards the winner
+    assert await owners_on(servers[2], [digest]) == [x]  # the recovering one too
 
 
 async def test_a_fresh_deployment_starts_trusted_and_every_gateway_agrees_on_a_restart(

@@ -93,3 +93,23 @@ async def test_the_backlog_is_bounded_dropping_the_oldest_and_counting_them() ->
         assert counter_value(quorum.metrics.repairs_dropped, inst.name) == 15
     finally:
         await quorum.close()
+
+
+async def test_a_repair_that_gets_no_answer_is_queued_and_done_when_the_instance_resumes(
+    redis_servers: Any,
+) -> None:
+    (server,) = redis_servers(1)
+    split = mark_digest(b"split")
+    async with alone(server) as quorum:
+        await quorum.check()
+        await quorum.claim([split], ["22"])  # the minority's mark of a decided split
+        server.pause()  # SIGSTOP: the repair times out
+        try:
+            assert await quorum.repair([[(split, "22", "11")]]) == 0
+        finally:
+            server.resume()
+        # Queued as a fill: the winner, where the mark still holds what the vote saw.
+        assert quorum.metrics.repair_backlog.labels(server.name_label)._value.get() == 1
+        await quorum.check()  # the background ping sends the queue
+        assert quorum.metrics.repair_backlog.labels(server.name_label)._value.get() == 0
+    assert await owners_on(server, [split]) == ["11"]

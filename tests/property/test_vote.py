@@ -69,22 +69,39 @@ def test_three_way_split_with_all_answering_goes_to_the_smallest_token():
 
 
 @given(marks(), st.data())
-def test_an_answer_not_counted_never_changes_a_decision_it_can_only_leave_it_undecided(held, data):
-    """An instance that lost its marks (recovering) is passed as None: whatever it
-    holds, the vote on the others either decides as with it known, or not at all."""
+def test_with_instances_not_counted_at_most_one_copy_is_forwarded_and_one_when_the_rest_answer(
+    held, data
+):
+    """Instances that lost their marks (recovering) are passed as None, `counted`
+    the others. Whatever every instance holds, at most one owner is forwarded; when
+    every counted instance answers and they are a majority, exactly one is."""
     n = len(held)
+    m = n // 2 + 1
     lost = data.draw(st.sets(st.integers(0, n - 1)))
+    counted = n - len(lost)
+    forwarded, undecided = [], []
     for own in ["11", "22", "333", "4"]:
-        replies = replies_of(own, held)
-        counted = [None if i in lost else r for i, r in enumerate(replies)]
-        after = decide(own, counted, n // 2 + 1)
-        if after.outcome is not Outcome.UNDECIDED:
-            # decided without it: it would have been decided the same with it
-            assert decide(own, replies, n // 2 + 1) == after
+        replies = [None if i in lost else r for i, r in enumerate(replies_of(own, held))]
+        outcome = decide(own, replies, m, counted).outcome
+        forwarded += [own] if outcome is Outcome.FORWARD else []
+        undecided += [own] if outcome is Outcome.UNDECIDED else []
+    assert len(forwarded) <= 1
+    answering = [h for i, h in enumerate(held) if i not in lost and h is not None]
+    if counted >= m and len(answering) == counted:
+        assert len(forwarded) == 1 and not undecided
+        assert forwarded[0] in answering  # the winner holds a counted mark
 
 
-def test_a_split_copy_is_not_forwarded_by_an_instance_that_restarted_empty():
-    # x holds instances 0 and 2, copy y instance 1; instance 2 restarts empty and
-    # y's replay claims it there: (x, MINE, MINE). Counted, y would be forwarded too.
+def test_an_answer_not_counted_never_makes_a_majority():
+    # Instance 2 restarted empty and took y's claim: (x, MINE, MINE). Counted, y
+    # would be forwarded although x has been.
     assert decide("22", ["11", MINE, MINE], 2).outcome is Outcome.FORWARD
-    assert decide("22", ["11", MINE, None], 2).outcome is Outcome.UNDECIDED
+    assert decide("22", ["11", MINE, None], 2, counted=2).outcome is Outcome.DUPLICATE
+    # With one counted instance down too, nothing is known: wait.
+    assert decide("22", [None, MINE, None], 2, counted=2).outcome is Outcome.UNDECIDED
+    # A 1:1 split of the two counted instances goes to the smaller token, as when
+    # all three answer: both copies' gateways pick it.
+    assert decide("11", ["22", MINE, None], 2, counted=2).outcome is Outcome.FORWARD
+    assert decide("22", [MINE, "11", None], 2, counted=2).winner == "11"
+    # Fewer counted instances than a majority decide nothing, even in agreement.
+    assert decide("11", [MINE, None, None], 2, counted=1).outcome is Outcome.UNDECIDED
