@@ -13,14 +13,14 @@ import asyncio
 import contextlib
 import logging
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.coalesce import Coalescer
 from gateway.config import Settings, redacted
 from gateway.delay import start_delay_loop
 from gateway.failures import FailureLoop, RawFetcher
 from gateway.health import HealthServer
-from gateway.kafka import build_consumer, build_producer, stop_within
+from gateway.kafka import build_consumer, build_producer, stop_all_within
 from gateway.lanes import LaneScheduler
 from gateway.metrics import Metrics
 from gateway.pausing import BlockedPartitions
@@ -99,6 +99,8 @@ class Gateway:
                     else None
                 )
                 delay = await start_delay_loop(self.settings, producer, self.metrics, stack, closer)
+            consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
+            stack.push_async_callback(stop_all_within, consumers)  # for a held join
             consumer = build_consumer(
                 kafka,
                 kafka.group_id,
@@ -106,7 +108,7 @@ class Gateway:
                 fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
             )
             await consumer.start()
-            stack.push_async_callback(stop_within, consumer)
+            consumers.append(consumer)
             sink = Sink(producer, kafka, self.metrics)
             pipeline = Pipeline(self.settings, self.quorum, sink, self.metrics)
             lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
@@ -121,11 +123,11 @@ class Gateway:
             failures = FailureLoop(self.settings, self.quorum, producer, self.metrics)
             commands = build_consumer(kafka, f"{kafka.group_id}.failures")
             await commands.start()
-            stack.push_async_callback(stop_within, commands)
+            consumers.append(commands)
             commands.subscribe([kafka.failure_topic], listener=failures.listener())
             raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
             await raw_reader.start()
-            stack.push_async_callback(stop_within, raw_reader)
+            consumers.append(raw_reader)
             self.source = source
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(source.run(stop))

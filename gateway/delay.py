@@ -60,7 +60,7 @@ from gateway.coalesce import Verdict, now_ms
 from gateway.config import ConfigError, Settings, parse_duration
 from gateway.errors import BadRecord
 from gateway.ids import IdExtractor
-from gateway.kafka import build_consumer, partitions_of, stop_within
+from gateway.kafka import build_consumer, partitions_of, stop_within, unless_stopped
 from gateway.metrics import Metrics
 from gateway.records import (
     H_DELIVER_AT,
@@ -344,7 +344,12 @@ class DelayLoop:
             if self.held:
                 wait = max(0, min(wait, self.held[0].step_ms - now))
             room = max(1, MAX_HELD - len(self.held))
-            batch = await consumer.getmany(timeout_ms=wait, max_records=room)
+            fetched = await unless_stopped(
+                consumer.getmany(timeout_ms=wait, max_records=room), stop
+            )
+            if fetched is None:
+                break
+            batch = fetched
             async with self.lock:
                 now = now_ms()
                 for tp, records in batch.items():

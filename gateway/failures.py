@@ -50,6 +50,7 @@ from gateway.commands import Command, parse_command
 from gateway.config import Settings
 from gateway.errors import BadRecord, InvalidCommand, RawFetchError
 from gateway.ids import build_extractor
+from gateway.kafka import unless_stopped
 from gateway.keys import dead_token, mark_digest, owner_token
 from gateway.lanes import lane_headers
 from gateway.metrics import Metrics
@@ -235,7 +236,12 @@ class FailureLoop:
             if len(self.due) >= MAX_PENDING:
                 await asyncio.sleep(FETCH_TIMEOUT_MS / 1000)  # let scheduled retries drain first
                 continue
-            batch = await commands.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=500)
+            fetched = await unless_stopped(
+                commands.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=500), stop
+            )
+            if fetched is None:
+                break
+            batch = fetched
             for tp, records in batch.items():
                 part = self.partitions.setdefault(tp, _Partition())
                 rewind = await self.handle(tp, part, records)

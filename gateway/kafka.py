@@ -9,9 +9,11 @@ Side by side, so a security setting reaches all of them the same way:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -132,6 +134,33 @@ def build_consumer(kafka: KafkaSettings, group_id: str | None, **options: Any) -
 CLIENT_STOP_S = 15.0  # bounds leaving a group at stop (after the last commit)
 
 
+T = TypeVar("T")
+
+
+async def unless_stopped(fetch: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`fetch`'s result, or None when `stop` is set first (then `fetch` is cancelled).
+
+    A group consumer's `getmany` waits, without a bound, for a group join to
+    finish, and a broker may hold a JoinGroup back for long (a member that
+    stopped answering is waited for until its session ends): a loop that
+    fetches must still see `stop`. Cancelling is safe there: records are taken
+    from the buffer only after the last await, so none is skipped. A result
+    that is ready together with `stop` is returned, not dropped.
+    """
+    fetching = asyncio.ensure_future(fetch)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if fetching.done():
+        return fetching.result()
+    fetching.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await fetching
+    return None
+
+
 async def stop_within(
     client: AIOKafkaConsumer | AIOKafkaProducer, seconds: float = CLIENT_STOP_S
 ) -> None:
@@ -141,7 +170,19 @@ async def stop_within(
     try:
         await asyncio.wait_for(client.stop(), seconds)
     except TimeoutError:
-        logger.warning("%s did not stop within %.0fs; leaving it", type(client).__name__, seconds)
+        logger.warning(
+            "%s did not stop within %.0fs; closing its connections", type(client).__name__, seconds
+        )
+        # The cancelled stop() never reached closing the connections (aiokafka's
+        # own last step, through the client it keeps as `_client`).
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client._client.close(), 5)
+
+
+async def stop_all_within(clients: list[AIOKafkaConsumer], seconds: float = CLIENT_STOP_S) -> None:
+    """`stop_within` for every client at once: a stop that waits for a held join
+    then costs `seconds` in all, not once per client."""
+    await asyncio.gather(*(stop_within(client, seconds) for client in clients))
 
 
 async def partitions_of(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 10) -> list[int]:

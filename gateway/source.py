@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 
 from gateway.checkpoint import Checkpoint
 from gateway.errors import BadRecord
-from gateway.kafka import aiokafka_options
+from gateway.kafka import aiokafka_options, unless_stopped
 from gateway.lanes import LaneScheduler
 from gateway.metrics import Metrics
 from gateway.pausing import BlockedPartitions, backoff_delay
@@ -77,7 +77,10 @@ class RawSource:
                 # After the blocks: a held lane stays paused.
                 first = self.lanes.apply(consumer) if self.lanes is not None else []
                 try:
-                    batch = await self._fetch(consumer, first)
+                    fetched = await unless_stopped(self._fetch(consumer, first), stop)
+                    if fetched is None:
+                        break
+                    batch = fetched
                 except UnicodeDecodeError as exc:  # a header name (gateway/salvage.py)
                     started = time.perf_counter()
                     async with self.batch_lock:

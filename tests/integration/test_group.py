@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import subprocess
+import sys
+
 from devtools.harness import (
     Topics,
     clean_ids,
@@ -47,3 +52,49 @@ async def test_two_gateways_with_rebalances_forward_each_id_exactly_once(
     ids = await clean_ids(broker, topics.clean)
     assert set(ids) == first.unique_ids | second.unique_ids | third.unique_ids
     assert max(ids.values()) == 1
+
+
+# A plain group member with a long session: SIGSTOPped, the broker waits for it
+# to rejoin (up to its session) before it answers anyone's JoinGroup.
+STALLING_MEMBER = """
+import asyncio, sys
+from aiokafka import AIOKafkaConsumer
+async def member():
+    consumer = AIOKafkaConsumer(sys.argv[2], bootstrap_servers=sys.argv[1], group_id=sys.argv[3],
+                                session_timeout_ms=45000, heartbeat_interval_ms=3000)
+    await consumer.start()
+    while not consumer.assignment():
+        await consumer.getmany(timeout_ms=100)
+    print("assigned", flush=True)
+    while True:
+        await consumer.getmany(timeout_ms=100)
+asyncio.run(member())
+"""
+
+
+async def test_a_gateway_stops_promptly_while_the_broker_holds_its_group_join(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    await topics.create(broker)
+    member = subprocess.Popen(  # noqa: ASYNC220 (started once, before the loop matters)
+        [sys.executable, "-c", STALLING_MEMBER, broker, topics.raw, topics.group],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert member.stdout is not None
+        assert await asyncio.to_thread(member.stdout.readline) == b"assigned\n"
+        member.send_signal(signal.SIGSTOP)
+        settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
+        loop = asyncio.get_running_loop()
+        async with running(settings) as gateway:
+            await eventually(lambda: gateway.source is not None)  # in its fetch loop
+            assert gateway.partitions() == set()  # its join is held back
+            stopping = loop.time()
+        # Before: the fetch waited for the join, i.e. for the member's 45 s session.
+        assert loop.time() - stopping < 20  # the consumers' stop is bounded (15 s, side by side)
+    finally:
+        member.kill()
+        member.wait()
+        if member.stdout is not None:
+            member.stdout.close()
