@@ -14,7 +14,7 @@ setup: $(STAMP)
 demo: $(STAMP)  ## the main job on the embedded local stack
 	$(PY) -m devtools.demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) lint typecheck  ## what CI runs (.ci/run): lint, strict types, then the suite
 	$(PY) -m pytest $(ARGS)
 
 lint: $(STAMP)
