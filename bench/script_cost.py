@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
 import uvloop
 from rich.console import Console
 
@@ -71,19 +72,19 @@ def parse() -> argparse.Namespace:
 class Gathered(Quorum):
     """Each chunk its own call, all at once: the pool opens a connection per chunk."""
 
-    async def _run(self, inst: Instance, what: str, calls: Any) -> list[Any | None]:
+    async def _run(self, inst: Instance, what: str, calls: Any, group: int = 0) -> list[Any | None]:
         return list(await asyncio.gather(
-            *(self._timed(inst, what, partial(inst.scripts[name], args=args))
-              for name, args in calls)
+            *(self._timed(inst, what, partial(inst.scripts[name], keys=keys, args=args))
+              for name, keys, args in calls)
         ))  # fmt: skip
 
 
 class Sequential(Quorum):
     """Each chunk its own call, one after another."""
 
-    async def _run(self, inst: Instance, what: str, calls: Any) -> list[Any | None]:
-        return [await self._timed(inst, what, partial(inst.scripts[name], args=args))
-                for name, args in calls]  # fmt: skip
+    async def _run(self, inst: Instance, what: str, calls: Any, group: int = 0) -> list[Any | None]:
+        return [await self._timed(inst, what, partial(inst.scripts[name], keys=keys, args=args))
+                for name, keys, args in calls]  # fmt: skip
 
 
 class OneCall(Quorum):
@@ -110,11 +111,13 @@ async def server_stats(quorum: Quorum) -> Stats:
     seconds, and the upper bound (usec) of the slowest EVALSHA's histogram bucket."""
     out = []
     for inst in quorum.instances:
-        stats: dict[str, Any] = await inst.client.info("commandstats")
+        client = inst.client
+        assert isinstance(client, aioredis.Redis), "standalone members only"
+        stats: dict[str, Any] = await client.info("commandstats")
         row = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
-        cpu: dict[str, Any] = await inst.client.info("cpu")
+        cpu: dict[str, Any] = await client.info("cpu")
         used = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-        histogram = await inst.client.execute_command(  # type: ignore[no-untyped-call]
+        histogram = await client.execute_command(  # type: ignore[no-untyped-call]
             "LATENCY", "HISTOGRAM", "evalsha"
         )  # {b"evalsha": {b"calls": n, b"histogram_usec": {bound: count}}}
         buckets = histogram.get(b"evalsha", {}).get(b"histogram_usec", {})

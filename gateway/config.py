@@ -21,13 +21,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    RedisDsn,
     SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import MultiHostUrl
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -37,6 +37,7 @@ from pydantic_settings import (
 
 from gateway import scripts
 from gateway.errors import ConfigError
+from gateway.members import MemberUrl, check_member_url, masked, member_name
 
 ENV_PREFIX = "GATEWAY_"
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file, when --config is not given
@@ -110,10 +111,15 @@ class KafkaSettings(_Section):
 
 
 class RedisSettings(_Section):
-    nodes: list[RedisDsn] = Field(default_factory=lambda: [RedisDsn("redis://127.0.0.1:6379/0")])
+    # Quorum members: redis[s]://host:port/db, or a Redis Cluster as
+    # redis[s]+cluster://host:port[,host:port...] (gateway/members.py).
+    nodes: list[MemberUrl] = Field(
+        default_factory=lambda: [MultiHostUrl("redis://127.0.0.1:6379/0")]
+    )
     # The dedup window: how long a mark lives. Set atomically with the claim.
     ttl: Duration = timedelta(hours=24)
-    key_prefix: str = Field(default="dd:", max_length=32)
+    # No braces: a cluster member's keys put their hash tag after it.
+    key_prefix: str = Field(default="dd:", max_length=32, pattern=r"^[^{}]*$")
     # Hash buckets per time slice that marks are spread over (gateway/keys.py):
     # aim for a few hundred marks per bucket at most, i.e. about
     # distinct ids per ttl / 2 / 300. Each live bucket costs about one Redis key.
@@ -126,13 +132,20 @@ class RedisSettings(_Section):
     # Most marks waiting per instance to be completed there (it missed the
     # vote); beyond it the oldest are dropped (counted).
     repair_backlog: int = Field(default=100_000, ge=0, le=10_000_000)
+    # Hash-tag groups a Redis Cluster member's keys are split into (gateway/members.py):
+    # a batch costs one call per group that has records, and the groups spread over
+    # the cluster's masters. Changing it makes every cluster member look empty
+    # (recovering), as a member that lost its data.
+    cluster_groups: int = Field(default=64, ge=2, le=4096)
 
     @field_validator("nodes")
     @classmethod
-    def _odd_count(cls, nodes: list[RedisDsn]) -> list[RedisDsn]:
+    def _odd_count(cls, nodes: list[MultiHostUrl]) -> list[MultiHostUrl]:
         if len(nodes) % 2 == 0:
             raise ValueError(f"needs an odd number of instances (1, 3, 5, ...), got {len(nodes)}")
-        if len({(n.host, n.port, n.path) for n in nodes}) != len(nodes):
+        for node in nodes:
+            check_member_url(node)
+        if len({member_name(n) for n in nodes}) != len(nodes):
             raise ValueError("lists the same instance twice")
         return nodes
 
@@ -444,21 +457,9 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def redacted(url: RedisDsn) -> str:
-    """`host:port/db` of a Redis URL, never its password: safe to log and label."""
-    return f"{url.host}:{url.port or 6379}{url.path or ''}"
-
-
 def effective(settings: BaseSettings) -> dict[str, Any]:
     """The settings as plain data, secrets masked (`check-config`, the start-up log)."""
     data: dict[str, Any] = settings.model_dump(mode="json", by_alias=True)
     if isinstance(settings, Settings):
-        data["redis"]["nodes"] = [_masked_url(n) for n in settings.redis.nodes]
+        data["redis"]["nodes"] = [masked(n) for n in settings.redis.nodes]
     return data
-
-
-def _masked_url(url: RedisDsn) -> str:
-    text = str(url)
-    if url.password:
-        text = text.replace(f":{url.password}@", ":***@", 1)
-    return text

@@ -284,7 +284,7 @@ class FailureLoop:
         digests = [mark_digest(c.id) for _, c in valid]
         replies = await self.quorum.release(digests, [c.token for _, c in valid])
         for j, (rec, cmd) in enumerate(valid):
-            answers = [r[j] for r in replies if r is not None]
+            answers = [a for r in replies if (a := r[j]) is not None]
             if sum(answers) >= self.quorum.majority:
                 self.metrics.releases.labels("released").inc()
                 logger.info(
@@ -318,7 +318,7 @@ class FailureLoop:
         replies = await self.quorum.handover(marks)
         now = time.monotonic()
         for j, (rec, cmd) in enumerate(valid):
-            answers = [r[j] for r in replies if r is not None]
+            answers = [a for r in replies if (a := r[j]) is not None]
             act = sum(1 for a in answers if a in (1, 2))
             skip = len(answers) - act
             if act >= self.quorum.majority:

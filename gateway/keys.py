@@ -12,6 +12,16 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
                                        the mark over (the failure loop only)
     <prefix>epoch               string `<id>:<since_ms>:<trusted|recovering>`,
                                        which data this instance holds (below)
+    <prefix>paused              string present while `dedup-gateway pause`
+                                       holds the member: writing scripts refuse
+
+On a Redis Cluster member every key above lives once per key group, with
+`<prefix>{<k>.<groups>}` in place of `<prefix>` (gateway/members.py): a
+group's keys share one hash slot. Group 0's epoch is the member's; every
+group holds a copy (so a claim checks its own group's), and
+`<prefix>{0.<groups>}epoch-spread` names the epoch id once every group had
+it: after that, a group without it lost its data, and the whole member is
+given a new, recovering epoch (gateway/quorum.py, `_spread`).
 
 - The digest is BLAKE2b-96 of the message id, so an id of any length costs 12
   bytes (collision odds for 10^9 live ids: about 6e-12).

@@ -33,13 +33,14 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from gateway.config import DedupSettings, Settings, redacted
+from gateway.config import DedupSettings, Settings
 from gateway.errors import (
     BAD_RECORD_REASONS,
     INVALID_COMMAND_REASONS,
     REDIS_ERROR_KINDS,
     RELEASE_RESULTS,
 )
+from gateway.members import member_name
 
 PREFIX = "dedup_gateway"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set in `run --workers N` workers (gateway/workers.py)
@@ -115,6 +116,18 @@ class Metrics:
             f"{PREFIX}_redis_recovering",
             "1 while the instance's answers are not counted: it lost its marks (recovering) "
             "or its epoch is not known yet",
+            ["redis"],
+            registry=r,
+        )
+        self.redis_paused = Gauge(
+            f"{PREFIX}_redis_paused",
+            "1 while the member is paused by `dedup-gateway member pause` (not counted)",
+            ["redis"],
+            registry=r,
+        )
+        self.redis_groups_down = Gauge(
+            f"{PREFIX}_redis_groups_down",
+            "Key groups of a Redis Cluster member whose last call got no answer",
             ["redis"],
             registry=r,
         )
@@ -307,9 +320,11 @@ class Metrics:
             self.invalid_commands.labels(reason)
         for node in settings.redis.nodes:
             for kind in REDIS_ERROR_KINDS:
-                self.redis_errors.labels(redacted(node), kind)
-            self.repairs_dropped.labels(redacted(node))
-            self.repair_backlog.labels(redacted(node)).set(0)
+                self.redis_errors.labels(member_name(node), kind)
+            self.repairs_dropped.labels(member_name(node))
+            self.repair_backlog.labels(member_name(node)).set(0)
+            self.redis_paused.labels(member_name(node)).set(0)
+            self.redis_groups_down.labels(member_name(node)).set(0)
 
     def handled(self) -> int:
         """Raw records the data path finished with: forwarded, dropped or quarantined."""

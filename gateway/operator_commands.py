@@ -1,4 +1,4 @@
-"""Operator commands: `inspect ID`, `release ID`, `redrive`.
+"""Operator commands: `inspect ID`, `release ID`, `redrive`, `pause MEMBER`, `resume MEMBER`.
 
 They use the same settings file as the service, and the same scripts, so a
 manual action follows the same rules as the gateway's own. Ids are exact
@@ -134,7 +134,7 @@ async def release(
             results = [None if v is None else int(_would_delete(v, token)) for v in views]
         elif token is not None:
             replies = await quorum.release([digest], [token])
-            results = [None if r is None else r[0] for r in replies]
+            results = [r[0] for r in replies]
         else:
             results = await quorum.delete(digest)
     finally:
@@ -154,6 +154,47 @@ async def release(
     verb = "would be released" if dry_run else "released"
     print(f"{verb} on {deleted} of {quorum.size} instances: {'ok' if ok else 'NOT released'}")
     return 0 if ok else 1
+
+
+async def set_paused(
+    settings: Settings, member: str, paused: bool, *, force: bool = False,
+    output: Output = "text",
+) -> int:  # fmt: skip
+    """Pause `member` (every gateway stops counting it and sending it claims at its
+    next call, gateway/quorum.py) or resume it. A pause that would leave fewer than
+    a majority of trusted members answering is refused unless `force`: every
+    partition would block. Exit code 0 done, 1 refused or some key group did not
+    answer (run it again), 2 no such member."""
+    quorum = Quorum(settings.redis, Metrics())
+    try:
+        await quorum.refresh_epochs()
+        target = next((i for i in quorum.instances if i.name == member), None)
+        names = [i.name for i in quorum.instances]
+        if target is None:
+            print(f"no member {member!r}; members: {', '.join(names)}")
+            return 2
+        others = [i.name for i in quorum.instances if i is not target and i.up and i.trusted
+                  and not i.paused]  # fmt: skip
+        if paused and len(others) < quorum.majority and not force:
+            done, why = (
+                False,
+                (
+                    f"refused: only {len(others)} other members are up and trusted "
+                    f"({', '.join(others) or 'none'}), fewer than a majority ({quorum.majority}); "
+                    "every partition would block (--force to pause anyway)"
+                ),
+            )
+        else:
+            done = await quorum.pause(target, paused)
+            why = "" if done else "some key groups did not answer: run it again"
+    finally:
+        await quorum.close()
+    verb = "paused" if paused else "resumed"
+    if output == "json":
+        _print_json({"member": member, "paused": paused, "done": done, "error": why})
+    else:
+        print(f"{member}: {verb}" if done else f"{member}: NOT {verb}: {why}")
+    return 0 if done else 1
 
 
 def _would_delete(view: MarkView, token: str | None) -> bool:
@@ -293,9 +334,7 @@ class _Redrive:
                 None if v is None else int(v.owner == token) for v in views
             ]
         else:
-            replies = [
-                None if r is None else r[0] for r in await self.quorum.release([digest], [token])
-            ]
+            replies = [r[0] for r in await self.quorum.release([digest], [token])]
         outcome.deleted = sum(1 for r in replies if r)
         outcome.no_answer = sum(1 for r in replies if r is None)
         outcome.not_held = len(replies) - outcome.deleted - outcome.no_answer

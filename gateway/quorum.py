@@ -1,27 +1,39 @@
-"""The N Redis instances, queried concurrently, a few short script calls each per batch.
+"""The N quorum members, queried concurrently, a few short script calls each per batch.
 
-This is the only module that talks to Redis on the data path. What it keeps
-per instance, and why:
+This is the only module that talks to Redis on the data path. A member is a
+redis-server or a Redis Cluster (gateway/members.py); its keys are in one
+group (standalone) or `[redis] cluster_groups` hash-tag groups (cluster),
+and every call goes to one group. What it keeps per member, and why:
 
-- **Chunks.** A batch's digests go to each instance in chunks of
-  `scripts.CHUNK_DIGESTS`, `scripts.CHUNKS_PER_TRIP` chunks pipelined per
-  round trip, in order on one connection (so the first copy of an id in a
-  batch still wins). A chunk costs Redis a few milliseconds at most, so no call holds
-  an instance long enough to starve other gateways, and a round trip is
-  bounded by `[redis] timeout` whatever `max_batch_records` is. A chunk that
-  fails gives no answer (`None`) for its digests only; after a timeout or a
-  lost connection the chunks not yet sent are not sent (the instance is down).
-- **Up.** Whether the instance answered its last call. `watch` reads every
-  instance's epoch every `[redis] ping_interval`, so an idle gateway notices
-  an instance that died or came back.
-- **Epoch and trust.** Whether the instance still holds the marks it was
+- **Chunks.** A batch's digests go to each group in chunks of
+  `scripts.CHUNK_DIGESTS`, in order (so the first copy of an id in a batch
+  still wins: its copies share a digest, so a group). A standalone member
+  gets `scripts.CHUNKS_PER_TRIP` chunks pipelined per round trip on one
+  connection; a cluster member's groups are called side by side, each
+  call routed by the cluster client. A chunk costs Redis a few milliseconds
+  at most, so no call holds an instance long enough to starve other gateways,
+  and a round trip is bounded by `[redis] timeout` whatever
+  `max_batch_records` is. A chunk that fails gives no answer (`None`) for its
+  digests only; after a timeout or a lost connection the group's chunks not
+  yet sent are not sent.
+- **Up.** Whether the member answered its last call (a cluster member: while
+  any of its groups does; `redis_groups_down` counts the others). `watch`
+  reads every member's epoch every `[redis] ping_interval`, so an idle
+  gateway notices a member that died or came back.
+- **Epoch and trust.** Whether the member still holds the marks it was
   given (gateway/keys.py, "Epochs"). Every claim names the epoch it expects
-  and writes nothing where another one is found; an instance whose data was
+  and writes nothing where another one is found; a member whose data was
   lost is *recovering*: its answers are returned but `counted()` says the
   vote must not count them, until `dedup-gateway rebuild` copied the marks
   into it or a whole mark lifetime (1.5 x ttl) has passed since its data began.
-- **Fill backlog.** Winners' marks for votes the instance gave no answer to,
-  bounded (oldest dropped, counted), sent with the next claim to it and by
+  A cluster member's epoch lives in group 0 and is copied to every group: a
+  group that loses it (its node restarted empty) makes the whole member
+  recovering.
+- **Paused.** `dedup-gateway member pause` sets a flag in every group that
+  makes the writing scripts refuse (`paused:`): the member is not counted
+  and gets no claims, so its slots can be migrated; `resume` clears it.
+- **Fill backlog.** Winners' marks for votes the member gave no answer to,
+  bounded (oldest dropped, counted), sent before the next claim to it and by
   `watch`: a mark written on a bare majority does not stay that way.
 
 Connection, timeout and response errors are told apart in the metrics.
@@ -36,12 +48,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     AuthenticationError,
     NoScriptError,
@@ -50,12 +62,20 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from gateway import scripts
-from gateway.config import RedisSettings, redacted
+from gateway.config import RedisSettings
 from gateway.errors import CredentialsRefused
 from gateway.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch, handover_key
+from gateway.members import (
+    Group,
+    client_for,
+    group_of,
+    groups_for,
+    is_cluster,
+    member_name,
+    split,
+)
 from gateway.metrics import Metrics
 from gateway.vote import MINE, Reply
 
@@ -63,17 +83,19 @@ logger = logging.getLogger(__name__)
 _CLOSED_TRANSPORT = "unable to perform operation on"  # uvloop: the handle is closed
 T = TypeVar("T")
 
-# A mark to complete on one instance: (digest, winner token, token of the claim it
+# A mark to complete on one member: (digest, winner token, token of the claim it
 # gave no answer to: that claim may still have run, late).
 Fill = tuple[bytes, str, str]
 # How long the first epoch reads at start may take (connect, load the script).
 FIRST_CONTACT_S = 2.0
-Call = tuple[str, list[Any]]  # a script's name and its arguments
+Call = tuple[str, list[Any], list[Any]]  # a script's name, its keys and its arguments
+# Calls for one group, each with the positions (in the caller's list) of the items it carries.
+Planned = list[tuple[Call, Sequence[int]]]
 
 
 @dataclass(frozen=True)
 class MarkView:
-    """One instance's view of one id, for the operator."""
+    """One member's view of one id, for the operator."""
 
     owner: str | None  # None: no live mark
     ttl_ms: int  # of the bucket holding it; -2 when absent
@@ -81,18 +103,35 @@ class MarkView:
     handed_over_by: str | None  # the failure command that last handed it over
 
 
+@dataclass(frozen=True)
+class EpochRead:
+    """What a member said about its data (scripts.EPOCH_READ, all groups together)."""
+
+    epoch: Epoch | None
+    now_ms: int
+    has_marks: bool
+    paused: bool
+
+
 @dataclass
 class Instance:
-    name: str  # host:port/db, never the password
-    client: aioredis.Redis
+    name: str  # host:port/db or cluster:host:port, never the password
+    client: aioredis.Redis | RedisCluster
     scripts: dict[str, Any]  # redis-py Script objects by name: EVALSHA, reloaded on NOSCRIPT
+    groups: list[Group]  # one for a standalone member
     up: bool = False
     failure: tuple[str, str] | None = None  # (kind, detail) of the last call, if it failed
     epoch: Epoch | None = None  # as last read; None: not known (no claims are sent)
     known_id: str | None = None  # the last epoch id this gateway knew it by
     trusted: bool = False  # its answers count in votes
     trust: str = ""  # "trusted", "recovering" or "unknown", as last logged
+    paused: bool = False  # `dedup-gateway member pause`: no claims, not counted
+    down_groups: set[int] = field(default_factory=set)  # groups whose last call failed
     backlog: deque[Fill] = field(default_factory=deque)
+
+    @property
+    def cluster(self) -> bool:
+        return len(self.groups) > 1
 
 
 class Quorum:
@@ -108,35 +147,28 @@ class Quorum:
         # instance that lost its data has every mark it could have missed gone too.
         self.recovery_ms = self.ttl_ms + self.ttl_ms // scripts.SLICES_BACK
         self.prefix = settings.key_prefix.encode()
-        # What every mark script takes first (gateway/scripts.py).
-        self.layout: list[Any] = [
-            self.prefix,
-            self.ttl_ms,
-            self.ttl_ms // scripts.SLICES_BACK,
-            settings.buckets,
-        ]
+        # What every mark script takes after the key prefix (gateway/scripts.py).
+        tail = (self.ttl_ms, self.ttl_ms // scripts.SLICES_BACK, settings.buckets)
+        self.layout: list[Any] = [self.prefix, *tail]  # a standalone member's
         self.size = len(settings.nodes)
         self.majority = self.size // 2 + 1
         self._epochs_read = False
         self._reread = False  # a claim met another epoch: read them all again
         self.instances: list[Instance] = []
         for url in settings.nodes:
-            client = aioredis.Redis.from_url(
-                str(url),
-                socket_timeout=self.timeout,
-                socket_connect_timeout=self.timeout,
-                # Our own timeout and the vote handle failure; no hidden retries.
-                retry=Retry(NoBackoff(), 0),
-                health_check_interval=0,
-            )
+            client = client_for(url, self.timeout)
+            count = settings.cluster_groups if is_cluster(url) else 1
+            # `buckets` counts a member's buckets per slice: a cluster's groups share them.
+            per_group = (*tail[:2], max(1, settings.buckets // count))
             self.instances.append(
                 Instance(
-                    name=redacted(url),
+                    name=member_name(url),
                     client=client,
                     scripts={
                         name: client.register_script(getattr(scripts, name.upper()))
                         for name in scripts.NAMES
                     },
+                    groups=groups_for(self.prefix, per_group, count),
                 )
             )
         metrics.quorum_size.set(self.majority)
@@ -146,22 +178,27 @@ class Quorum:
     @property
     def healthy(self) -> bool:
         """A majority of instances answers and holds the marks it was given."""
-        return sum(i.up and i.trusted for i in self.instances) >= self.majority
+        return sum(i.up and i.trusted and not i.paused for i in self.instances) >= self.majority
 
     def why_unhealthy(self) -> str:
         """For /readyz: which instances keep the quorum from a trusted majority."""
         down = ", ".join(i.name for i in self.instances if not i.up)
-        recovering = ", ".join(i.name for i in self.instances if i.up and not i.trusted)
+        paused = ", ".join(i.name for i in self.instances if i.up and i.paused)
+        recovering = ", ".join(
+            i.name for i in self.instances if i.up and not i.paused and not i.trusted
+        )
         why = f"no Redis majority ({self.majority} of {self.size}) up and trusted"
         if down:
             why += f"; down: {down}"
+        if paused:
+            why += f"; paused: {paused}"
         if recovering:
             why += f"; recovering (lost their marks): {recovering}"
         return why
 
     def counted(self) -> list[bool]:
-        """Per instance, whether the vote may count its answers (it is trusted)."""
-        return [inst.trusted for inst in self.instances]
+        """Per member, whether the vote may count its answers (trusted, not paused)."""
+        return [inst.trusted and not inst.paused for inst in self.instances]
 
     async def wait_for_majority(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
         """Return once a majority answers; read every epoch; name every instance that
@@ -212,65 +249,156 @@ class Quorum:
     # -- epochs ---------------------------------------------------------------
 
     async def refresh_epochs(self, patient: bool = False) -> None:
-        """Read every instance's epoch, give one to an instance that has none, and
-        decide which instances are trusted (gateway/keys.py, "Epochs"). `patient`
-        (at start): allow FIRST_CONTACT_S for the reads, which then connect and load
-        the script: an instance missed at the first start joins as recovering."""
+        """Read every member's epoch, give one to a member that has none, and decide
+        which members are trusted (gateway/keys.py, "Epochs"). `patient` (at start):
+        allow FIRST_CONTACT_S for the reads, which then connect and load the script:
+        a member missed at the first start joins as recovering."""
         self._epochs_read, self._reread = True, False
         timeout = max(self.timeout, FIRST_CONTACT_S) if patient else self.timeout
-        reads = await asyncio.gather(
-            *(self.run_script(inst, "epoch_read", [self.prefix], timeout)
-              for inst in self.instances)
-        )  # fmt: skip
-        seen: dict[int, tuple[Epoch | None, int, bool]] = {}
-        for n, read in enumerate(reads):
-            if read is not None:
-                raw, now_ms, has_marks = read
-                epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
-                seen[n] = (epoch, int(now_ms), bool(has_marks))
-        missing = [n for n, (epoch, _, _) in seen.items() if epoch is None]
-        todo = {n: state for n in missing if (state := self._state_for_missing(n, seen))}
+        reads = await asyncio.gather(*(self._read_member(i, timeout) for i in self.instances))
+        seen = {n: read for n, read in enumerate(reads) if read is not None}
+        todo = {
+            n: state
+            for n, read in seen.items()
+            if read.epoch is None and (state := self._state_for_missing(n, seen))
+        }
         made = await asyncio.gather(
-            *(self.run_script(self.instances[n], "epoch_create",
-                              [self.prefix, uuid.uuid4().hex[:16], state])
-              for n, state in todo.items())
-        )  # fmt: skip
-        for n, raw in zip(todo, made, strict=True):
-            if raw is not None:
-                _, now_ms, has_marks = seen[n]
-                seen[n] = (Epoch.parse(raw.decode(errors="replace")), now_ms, has_marks)
-        for n, (epoch, now_ms, _) in seen.items():
-            await self._adopt(self.instances[n], epoch, now_ms)
+            *(self._create_epoch(self.instances[n], state) for n, state in todo.items())
+        )
+        for n, epoch in zip(todo, made, strict=True):
+            if epoch is not None:
+                seen[n] = replace(seen[n], epoch=epoch)
+        for n, read in seen.items():
+            await self._adopt(self.instances[n], read)
 
-    def _state_for_missing(
-        self, n: int, seen: dict[int, tuple[Epoch | None, int, bool]]
-    ) -> str | None:
-        """The state to give instance `n`, which answered without an epoch; None: wait.
+    async def _read_member(self, inst: Instance, bound_s: float) -> EpochRead | None:
+        """The member's epoch read; None for no answer. A cluster member's epoch is
+        group 0's, copied to every group (`_spread`)."""
+        if not inst.cluster:
+            got = await self._read_group(inst, 0, bound_s)
+            return None if got is None else got[0]
+        # Group 0 first, alone: its call sets up the cluster client (the slot map), which
+        # calls started side by side before that would each race to do.
+        head = await self._read_group(inst, 0, bound_s)
+        if head is None:
+            return None
+        reads = [head, *await asyncio.gather(
+            *(self._read_group(inst, g, bound_s) for g in range(1, len(inst.groups)))
+        )]  # fmt: skip
+        inst.failure = None
+        first, spread_id = head
+        answered = [got[0] for got in reads if got is not None]
+        has_marks = any(read.has_marks for read in answered)
+        paused = any(read.paused for read in answered)
+        epoch = first.epoch
+        if epoch is None and any(read.epoch is not None for read in answered):
+            # Group 0 lost its data (its node restarted empty) while others kept theirs.
+            epoch = await self._create_epoch(inst, EPOCH_RECOVERING)
+            if epoch is None:
+                return None
+        elif epoch is not None:
+            epoch = await self._spread(inst, epoch, [None if g is None else g[0] for g in reads],
+                                       spread_id)  # fmt: skip
+            if epoch is None:
+                return None
+        return EpochRead(epoch, first.now_ms, has_marks, paused)
 
-        Only the scripts that check the epoch open a slice, so an instance with
+    async def _read_group(
+        self, inst: Instance, group: int, bound_s: float
+    ) -> tuple[EpochRead, str | None] | None:
+        """One group's epoch read and, on group 0, the epoch id spread to every group."""
+        prefix = inst.groups[group].prefix
+        got = await self.run_script(inst, "epoch_read", [prefix], bound_s, group)
+        if got is None:
+            return None
+        raw, now_ms, has_marks, paused, spread = got
+        epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
+        read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused))
+        return read, spread.decode(errors="replace") if spread else None
+
+    async def _create_epoch(self, inst: Instance, state: str) -> Epoch | None:
+        """Give the member an epoch (the first gateway's wins) and, on a cluster,
+        copy it to every group."""
+        raw = await self.run_script(inst, "epoch_create", [uuid.uuid4().hex[:16], state])
+        epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
+        if epoch is not None and inst.cluster:
+            return await self._spread(inst, epoch, None, None)
+        return epoch
+
+    async def _spread(
+        self, inst: Instance, epoch: Epoch, reads: list[EpochRead | None] | None,
+        spread_id: str | None,
+    ) -> Epoch | None:  # fmt: skip
+        """Make every group of a cluster member hold its epoch (group 0's); the epoch,
+        or None when another gateway changed it meanwhile (read again).
+
+        Claims check their own group's copy, so a group without it takes no marks.
+        Once every group had it (`epoch-spread` names the id on group 0), a group
+        without it lost its data: the whole member is given a new, recovering
+        epoch. Before that, a group without it was just not reached yet.
+        `reads`: the groups' reads (None: copy to every group)."""
+        count = len(inst.groups)
+        if reads is None:
+            stale = list(range(1, count))
+        else:
+            stale = [g for g in range(1, count) if (read := reads[g]) is not None
+                     and (read.epoch is None or read.epoch.id != epoch.id)]  # fmt: skip
+        if stale and spread_id == epoch.id and reads is not None and (first := reads[0]):
+            fresh = Epoch(uuid.uuid4().hex[:16], first.now_ms, EPOCH_RECOVERING)
+            logger.warning(
+                "Redis member %s: key groups %s lost the member's epoch %s (a node restarted "
+                "empty?): the member is recovering, as epoch %s",
+                inst.name, ", ".join(inst.groups[g].prefix.decode(errors="replace") for g in stale),
+                epoch.id, fresh.id, extra={"redis": inst.name},
+            )  # fmt: skip
+            if await self.run_script(inst, "epoch_set", [epoch.raw, fresh.raw]) != 1:
+                self._reread = True
+                return None
+            epoch, stale = fresh, list(range(1, count))
+        if not stale and spread_id == epoch.id:
+            return epoch
+        copies = await asyncio.gather(
+            *(self.run_script(inst, "epoch_copy", [epoch.raw], None, g) for g in stale)
+        )
+        if all(c is not None for c in copies) and (reads is None or None not in reads):
+            prefix = inst.groups[0].prefix
+            await self.run_script(inst, "epoch_spread", [prefix, epoch.raw])
+        return epoch
+
+    def _state_for_missing(self, n: int, seen: dict[int, EpochRead]) -> str | None:
+        """The state to give member `n`, which answered without an epoch; None: wait.
+
+        Only the scripts that check the epoch open a slice, so a member with
         marks but no epoch kept data written before epochs existed: trusted. One
         without marks lost its data if this gateway knew it by an epoch, or if
-        another instance holds marks: recovering. If no instance that answers
+        another member holds marks: recovering. If no member that answers
         holds marks, nothing was claimed yet (a fresh deployment): trusted, once a
         majority answers.
         """
-        _, _, has_marks = seen[n]
-        if has_marks:
+        if seen[n].has_marks:
             return EPOCH_TRUSTED
-        if self.instances[n].known_id is not None or any(m for _, _, m in seen.values()):
+        if self.instances[n].known_id is not None or any(r.has_marks for r in seen.values()):
             return EPOCH_RECOVERING
         return EPOCH_TRUSTED if len(seen) >= self.majority else None
 
-    async def _adopt(self, inst: Instance, epoch: Epoch | None, now_ms: int) -> None:
-        """Take `epoch` as the instance's, decide its trust, log and count changes."""
+    async def _adopt(self, inst: Instance, read: EpochRead) -> None:
+        """Take the member's epoch as read, decide its trust, log and count changes."""
+        epoch, now_ms = read.epoch, read.now_ms
+        if read.paused != inst.paused:
+            logger.warning(
+                "Redis member %s is %s", inst.name,
+                "paused: not counted, no claims sent" if read.paused else "resumed",
+                extra={"redis": inst.name},
+            )  # fmt: skip
+            inst.paused = read.paused
+            self.metrics.redis_paused.labels(inst.name).set(1 if read.paused else 0)
         trusted = epoch is not None and (
             epoch.state == EPOCH_TRUSTED or now_ms - epoch.since_ms >= self.recovery_ms
         )
         if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED:
             # A whole mark lifetime has passed: say so on the instance, for every gateway.
             promoted = epoch.with_state(EPOCH_TRUSTED)
-            args = [self.prefix, epoch.raw, promoted.raw]
-            if await self.run_script(inst, "epoch_set", args) == 1:
+            if await self.run_script(inst, "epoch_set", [epoch.raw, promoted.raw]) == 1:
                 epoch = promoted
         lost = epoch is not None and inst.known_id is not None and inst.known_id != epoch.id
         trust = "unknown" if epoch is None else "trusted" if trusted else "recovering"
@@ -299,10 +427,10 @@ class Quorum:
     # -- the data path ----------------------------------------------------------
 
     async def claim(self, digests: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
-        """Per instance, the reply for each digest: MINE, the owner that holds it, or
-        None where the instance gave no answer (down, timed out, its chunk failed, or
-        its data was lost since we last looked). An instance that is not trusted
-        answers too: `counted()` says which answers the vote may count.
+        """Per member, the reply for each digest: MINE, the owner that holds it, or
+        None where the member gave no answer (down, timed out, its chunk failed, or
+        its data was lost since we last looked, or it is paused). A member that is
+        not trusted answers too: `counted()` says which answers the vote may count.
 
         Every digest must have the same length (they do: `keys.mark_digest`).
         """
@@ -310,32 +438,36 @@ class Quorum:
             return [[] for _ in self.instances]
         if not self._epochs_read:
             await self.refresh_epochs()
-        n, size = len(digests), scripts.CHUNK_DIGESTS
-        spans = [(start, min(start + size, n)) for start in range(0, n, size)]
-        width = len(digests[0])
-        blobs = [(b"".join(digests[a:b]), ",".join(owners[a:b]) + ",") for a, b in spans]
+        n, width = len(digests), len(digests[0])
+
+        def plan(inst: Instance, group: Group, items: Sequence[int]) -> Planned:
+            assert inst.epoch is not None
+            head = [*group.layout, inst.epoch.id, width]
+            planned: Planned = []
+            for chunk in _chunks(items):
+                if isinstance(chunk, range):  # the whole batch in order: slice, do not gather
+                    blob = b"".join(digests[chunk.start : chunk.stop])
+                    tokens = ",".join(owners[chunk.start : chunk.stop])
+                else:
+                    blob = b"".join([digests[k] for k in chunk])
+                    tokens = ",".join([owners[k] for k in chunk])
+                planned.append((("claim", [group.meta], [*head, blob, tokens + ","]), chunk))
+            return planned
 
         async def one(inst: Instance) -> list[Reply]:
-            if inst.epoch is None:  # not known: what it would answer could not be counted
+            if inst.epoch is None or inst.paused:  # what it would answer could not be counted
                 return [None] * n
             fills = self._take_fills(inst)
-            todo: list[Call] = [("claim", [*self.layout, inst.epoch.id, width, d, o])
-                                for d, o in blobs]  # fmt: skip
             if fills:  # first, so that this batch's claims see the completed marks
-                todo.insert(0, self._fill_call(inst, fills))
-            results = await self._run(inst, "claim", todo)
-            if fills:
-                if results[0] is None:
-                    self._queue(inst, fills, front=True)
-                results = results[1:]
-            replies: list[Reply] = []
-            for (a, b), result in zip(spans, results, strict=True):
+                await self._send_fills(inst, fills)
+            results = await self._grouped(inst, "claim", digests, partial(plan, inst))
+            replies: list[Reply] = [None] * n
+            for positions, result in results:
                 if result is None:
-                    replies.extend([None] * (b - a))
-                elif result.count(MINE) == len(result):  # all new (or replays): no decoding
-                    replies.extend(result)
-                else:
-                    replies.extend([r if r == MINE else r.decode() for r in result])
+                    continue
+                if result.count(MINE) != len(result):  # some held by others: decode those
+                    result = [r if r == MINE else r.decode() for r in result]
+                _place(replies, positions, result)
             return replies
 
         out = list(await asyncio.gather(*(one(inst) for inst in self.instances)))
@@ -344,7 +476,7 @@ class Quorum:
         return out
 
     def queue_fills(self, per_instance: Sequence[Iterable[Fill]]) -> None:
-        """Marks to complete later: per instance, (digest, winner, token sent) for the
+        """Marks to complete later: per member, (digest, winner, token sent) for the
         votes it gave no answer to (see scripts.FILL)."""
         for inst, fills in zip(self.instances, per_instance, strict=True):
             self._queue(inst, fills)
@@ -353,29 +485,27 @@ class Quorum:
         """Rewrite (digest, seen owner, winner) marks where they still hold what was seen.
 
         A chunk that gets no answer is queued as fills (digest, winner, seen): the
-        fill writes the winner where the mark still holds `seen`, once the instance
+        fill writes the winner where the mark still holds `seen`, once the member
         answers. Dropped instead, a split left unrepaired would outlive the vote, and
-        with another instance recovering a later copy could win its tie.
+        with another member recovering a later copy could win its tie.
         """
-        size = scripts.CHUNK_DIGESTS
 
         async def one(inst: Instance, todo: list[tuple[bytes, str, str]]) -> int:
             if not todo:
                 return 0
-            chunks = [todo[a : a + size] for a in range(0, len(todo), size)]
-            calls: list[Call] = [
-                ("repair", [*self.layout, *(v for mark in chunk for v in mark)]) for chunk in chunks
-            ]
-            results = await self._run(inst, "repair", calls)
-            missed = [
-                (digest, winner, seen)
-                for chunk, result in zip(chunks, results, strict=True)
-                if result is None
-                for digest, seen, winner in chunk
-            ]
+
+            def plan(group: Group, items: Sequence[int]) -> Planned:
+                return [(("repair", [group.meta],
+                          [*group.layout, *(v for k in chunk for v in todo[k])]), chunk)
+                        for chunk in _chunks(items)]  # fmt: skip
+
+            results = await self._grouped(inst, "repair", [d for d, _, _ in todo], plan)
+            missed = [(todo[k][0], todo[k][2], todo[k][1])
+                      for positions, result in results if result is None
+                      for k in positions]  # fmt: skip
             if missed:
                 self._queue(inst, missed)
-            return sum(int(r or 0) for r in results)
+            return sum(int(result or 0) for _, result in results)
 
         results = await asyncio.gather(
             *(one(inst, todo) for inst, todo in zip(self.instances, per_instance, strict=True))
@@ -386,49 +516,48 @@ class Quorum:
 
     async def release(
         self, digests: Sequence[bytes], tokens: Sequence[str]
-    ) -> list[list[int] | None]:
-        """Per instance, 1/0 per digest for deleted/not, or None for no answer (or an
-        instance that is not trusted)."""
-        args = [*self.layout, *(v for pair in zip(digests, tokens, strict=True) for v in pair)]
-        results = await self._counted_on_all(
-            "release", lambda inst: inst.scripts["release"](args=args)
-        )
-        return [None if r is None else [int(x) for x in r] for r in results]
+    ) -> list[list[int | None]]:
+        """Per member, per digest: 1 released, 0 not, None for no answer (or a member
+        that is not counted)."""
+
+        def plan(group: Group, items: Sequence[int]) -> Planned:
+            args = [*group.layout, *(v for k in items for v in (digests[k], tokens[k]))]
+            return [(("release", [group.meta], args), items)]
+
+        return await self._per_item_on_counted("release", digests, plan)
 
     async def handover(
         self, marks: Sequence[tuple[bytes, str, str, str]]
-    ) -> list[list[int] | None]:
+    ) -> list[list[int | None]]:
         """(digest, failed token, next token, command ref) per command.
 
-        Per instance, per command: 1 handed over now, 2 replay of the same
+        Per member, per command: 1 handed over now, 2 replay of the same
         command (redo), 3 another copy of the command, 4 already done, 0 stale;
-        None for no answer (or an instance that is not trusted).
+        None for no answer (or a member that is not counted).
         """
-        keys = [handover_key(self.prefix, digest) for digest, *_ in marks]
-        args = [b"".join(digest for digest, *_ in marks),
-                *(v for _, failed, nxt, ref in marks for v in (failed, nxt, ref))]  # fmt: skip
+        digests = [digest for digest, *_ in marks]
 
-        async def call(inst: Instance) -> Any:
+        def plan(inst: Instance, group: Group, items: Sequence[int]) -> Planned:
             assert inst.epoch is not None
-            reply = await inst.scripts["handover"](
-                keys=keys, args=[*self.layout, inst.epoch.id, *args]
-            )
-            if isinstance(reply, bytes):  # 'epoch:...'
-                self._epoch_differs(inst, reply.decode())
-                return None
-            return reply
+            keys = [group.meta, *(handover_key(group.prefix, digests[k]) for k in items)]
+            args = [*group.layout, inst.epoch.id, b"".join(digests[k] for k in items),
+                    *(v for k in items for v in marks[k][1:])]  # fmt: skip
+            return [(("handover", keys, args), items)]
 
-        results = await self._counted_on_all("handover", call, needs_epoch=True)
+        results = await self._per_item_on_counted("handover", digests, plan, needs_epoch=True)
         if self._reread:
             await self.refresh_epochs()
-        return [None if r is None else [int(x) for x in r] for r in results]
+        return results
 
     async def mark_done(self, digests: Sequence[bytes], refs: Sequence[str]) -> None:
         """Note that these commands' effects are acknowledged (see scripts.MARK_DONE)."""
-        keys = [handover_key(self.prefix, digest) for digest in digests]
-        await self._on_all(
-            "mark_done", lambda inst: inst.scripts["mark_done"](keys=keys, args=list(refs))
-        )
+
+        def plan(group: Group, items: Sequence[int]) -> Planned:
+            keys = [handover_key(group.prefix, digests[k]) for k in items]
+            return [(("mark_done", keys, [refs[k] for k in items]), items)]
+
+        await asyncio.gather(*(self._grouped(i, "mark_done", digests, plan)
+                               for i in self.instances))  # fmt: skip
 
     # -- coalescing windows (gateway/coalesce.py, scripts.COALESCE_*) -------------
 
@@ -436,8 +565,8 @@ class Quorum:
         self, digests: Sequence[bytes], stamps: Sequence[int], versions: Sequence[str],
         mode: str, window_ms: int, max_window_ms: int, on: Sequence[bool] | None = None,
     ) -> list[list[tuple[int, bool]] | None]:  # fmt: skip
-        """Per instance, per update: (its window's start, whether it opened the window);
-        None where the instance gave no answer (or had another epoch), or is not `on`."""
+        """Per member, per update: (its window's start, whether it opened the window);
+        None where the member gave no answer (or had another epoch), or is not `on`."""
         if not digests:
             return [[] for _ in self.instances]
         if not self._epochs_read:
@@ -445,18 +574,19 @@ class Quorum:
         width = len(digests[0])
 
         async def one(inst: Instance, asked: bool) -> list[tuple[int, bool]] | None:
-            if inst.epoch is None or not asked:
+            if inst.epoch is None or inst.paused or not asked:
                 return None
             head = [inst.epoch.id, mode, window_ms, max_window_ms, width]
             flat = await self._in_chunks(
-                inst, "coalesce_update", len(digests),
-                lambda a, b: [*head, b"".join(digests[a:b]),
-                              "".join(f"{t}," for t in stamps[a:b]),
-                              "".join(f"{v}," for v in versions[a:b])],
+                inst, "coalesce_update", digests,
+                lambda items: [*head, b"".join(digests[k] for k in items),
+                               "".join(f"{stamps[k]}," for k in items),
+                               "".join(f"{versions[k]}," for k in items)],
+                width=2,
             )  # fmt: skip
             if flat is None:
                 return None
-            return [(int(flat[k]), int(flat[k + 1]) == 1) for k in range(0, len(flat), 2)]
+            return [(int(pair[0]), int(pair[1]) == 1) for pair in flat]
 
         asked = on if on is not None else [True] * self.size
         out = list(
@@ -471,62 +601,124 @@ class Quorum:
     async def coalesce_close(
         self, digests: Sequence[bytes], starts: Sequence[int]
     ) -> list[list[tuple[str, int, int]] | None]:
-        """Per instance, per window: (newest version or '', updates, newest timestamp);
-        None where the instance gave no answer."""
+        """Per member, per window: (newest version or '', updates, newest timestamp);
+        None where the member gave no answer."""
         if not digests:
             return [[] for _ in self.instances]
         width = len(digests[0])
 
         async def one(inst: Instance) -> list[tuple[str, int, int]] | None:
             flat = await self._in_chunks(
-                inst, "coalesce_close", len(digests),
-                lambda a, b: [width, b"".join(digests[a:b]),
-                              "".join(f"{s}," for s in starts[a:b])],
+                inst, "coalesce_close", digests,
+                lambda items: [width, b"".join(digests[k] for k in items),
+                               "".join(f"{starts[k]}," for k in items)],
+                width=3,
             )  # fmt: skip
             if flat is None:
                 return None
-            return [
-                (flat[k].decode(), int(flat[k + 1]), int(flat[k + 2]))
-                for k in range(0, len(flat), 3)
-            ]
+            return [(v.decode(), int(n), int(last)) for v, n, last in flat]
 
         return list(await asyncio.gather(*(one(inst) for inst in self.instances)))
 
     async def _in_chunks(
-        self, inst: Instance, script: str, n: int, args_of: Callable[[int, int], list[Any]]
-    ) -> list[Any] | None:
-        """`script` on `inst` over items [0, n) in chunks of `scripts.CHUNK_DIGESTS`, the
-        arguments of items [a, b) being the layout and `args_of(a, b)`; the replies
-        flattened, or None when a chunk got no answer."""
-        size = scripts.CHUNK_DIGESTS
-        calls: list[Call] = [
-            (script, [*self.layout, *args_of(a, min(a + size, n))]) for a in range(0, n, size)
-        ]
-        replies = await self._run(inst, script, calls)
-        if any(r is None for r in replies):
-            return None
-        return [x for r in replies if r is not None for x in r]
+        self, inst: Instance, script: str, digests: Sequence[bytes],
+        args_of: Callable[[Sequence[int]], list[Any]], width: int,
+    ) -> list[Any] | None:  # fmt: skip
+        """`script` on `inst` over the items of `digests` in chunks of
+        `scripts.CHUNK_DIGESTS` per group, the arguments of items `k` being the
+        group's layout and `args_of(k)`; per item its `width` replies, or None when a
+        chunk got no answer."""
+
+        def plan(group: Group, items: Sequence[int]) -> Planned:
+            return [((script, [group.meta], [*group.layout, *args_of(chunk)]), chunk)
+                    for chunk in _chunks(items)]  # fmt: skip
+
+        results = await self._grouped(inst, script, digests, plan)
+        out: list[Any] = [None] * len(digests)
+        for positions, result in results:
+            if result is None:
+                return None
+            for j, k in enumerate(positions):
+                out[k] = result[j * width : (j + 1) * width]
+        return out
 
     async def delete(self, digest: bytes) -> list[int | None]:
         """Release the mark whoever holds it (operator release; a tombstone, gateway/keys.py);
-        per instance 1 released, 0 absent or released already, None for no answer (or an
-        instance that is not trusted)."""
-        args = [*self.layout, digest]
-        return await self._counted_on_all("delete", lambda i: i.scripts["delete"](args=args))
+        per member 1 released, 0 absent or released already, None for no answer (or a
+        member that is not counted)."""
+
+        def plan(group: Group, items: Sequence[int]) -> Planned:
+            return [(("delete", [group.meta], [*group.layout, digest]), items)]
+
+        results = await self._per_item_on_counted("delete", [digest], plan)
+        return [r[0] for r in results]
 
     async def inspect(self, digest: bytes) -> list[MarkView | None]:
-        """Per instance, the mark and its bucket (owner None when absent); None if down."""
+        """Per member, the mark and its bucket (owner None when absent); None if down."""
 
-        async def call(inst: Instance) -> MarkView:
-            found = await inst.scripts["inspect"](args=[*self.layout, digest])
-            handed = await inst.client.get(handover_key(self.prefix, digest))
-            by = handed.decode() if isinstance(handed, bytes) else handed
+        async def one(inst: Instance) -> MarkView | None:
+            n = self.group_index(inst, digest)
+            group = inst.groups[n]
+            found = await self.run_script(inst, "inspect", [*group.layout, digest], group=n)
+            if found is None:
+                return None
+            key = handover_key(group.prefix, digest)
+            handed = await self._timed(inst, "inspect", partial(inst.client.get, key), group=n)
+            by = handed.decode() if isinstance(handed, bytes) else None
             if not found:
                 return MarkView(None, -2, None, by)
             owner, ttl, encoding = found
             return MarkView(owner.decode(), int(ttl), encoding.decode(), by)
 
-        return await self._on_all("inspect", call)
+        return list(await asyncio.gather(*(one(inst) for inst in self.instances)))
+
+    # -- a member's marks, whole (gateway/rebuild.py) ----------------------------
+
+    async def lookup(self, inst: Instance, digests: Sequence[bytes]) -> list[Any] | None:
+        """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `inst`;
+        None when a call got no answer."""
+        if not digests:
+            return []
+        width = len(digests[0])
+        return await self._in_chunks(
+            inst, "lookup", digests,
+            lambda items: [width, b"".join(digests[k] for k in items)], width=2,
+        )  # fmt: skip
+
+    async def export(self, inst: Instance, group: int, cursor: list[Any], budget: int) -> Any:
+        """One call of scripts.EXPORT on one group of `inst`; None for no answer."""
+        layout = inst.groups[group].layout
+        return await self.run_script(inst, "export", [*layout, *cursor, budget], group=group)
+
+    async def import_marks(
+        self, inst: Instance, epoch_id: str, marks: Sequence[tuple[bytes, str, int]]
+    ) -> list[int] | str | None:
+        """Write (digest, owner, remaining ms) marks into `inst` (scripts.IMPORT): per mark
+        0 there already, 1 written, 2 rewritten; 'epoch' when its epoch changed (it lost
+        its data again); None for no answer."""
+        digests = [digest for digest, _, _ in marks]
+        width = len(digests[0])
+        flat = await self._in_chunks(
+            inst, "import", digests,
+            lambda items: [epoch_id, width, b"".join(digests[k] for k in items),
+                           "".join(f"{marks[k][1]}," for k in items),
+                           "".join(f"{marks[k][2]}," for k in items)],
+            width=1,
+        )  # fmt: skip
+        if flat is None:
+            return "epoch" if inst.epoch is None else None
+        return [int(result[0]) for result in flat]
+
+    async def pause(self, inst: Instance, paused: bool) -> bool:
+        """Set or clear `inst`'s pause flag on every group; whether every group answered."""
+        done = await asyncio.gather(
+            *(self.run_script(inst, "pause", [g.prefix, "1" if paused else "0"], group=n)
+              for n, g in enumerate(inst.groups))
+        )  # fmt: skip
+        return all(d is not None for d in done)
+
+    def group_index(self, inst: Instance, digest: bytes) -> int:
+        return 0 if not inst.cluster else group_of(digest, len(inst.groups))
 
     # -- fills ------------------------------------------------------------------
 
@@ -543,8 +735,8 @@ class Quorum:
         self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
 
     def _take_fills(self, inst: Instance) -> list[Fill]:
-        """Up to one chunk of queued fills, when the instance's epoch is known."""
-        if not inst.backlog or inst.epoch is None:
+        """Up to one chunk of queued fills, when the member's epoch is known."""
+        if not inst.backlog or inst.epoch is None or inst.paused:
             return []
         taken = [
             inst.backlog.popleft() for _ in range(min(len(inst.backlog), scripts.CHUNK_DIGESTS))
@@ -552,51 +744,92 @@ class Quorum:
         self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
         return taken
 
-    def _fill_call(self, inst: Instance, fills: list[Fill]) -> Call:
-        assert inst.epoch is not None
-        digests = b"".join(digest for digest, _, _ in fills)
-        winners = "".join(f"{winner}," for _, winner, _ in fills)
-        sent = "".join(f"{token}," for _, _, token in fills)
-        return "fill", [*self.layout, inst.epoch.id, len(fills[0][0]), digests, winners, sent]
+    async def _send_fills(self, inst: Instance, fills: list[Fill]) -> bool:
+        """Write queued fills (scripts.FILL), one call per group; those that got no
+        answer go back to the front of the backlog. Whether every one was sent."""
+        epoch_id, width = inst.epoch.id if inst.epoch else "", len(fills[0][0])
+
+        def plan(group: Group, items: Sequence[int]) -> Planned:
+            args = [*group.layout, epoch_id, width,
+                    b"".join(fills[k][0] for k in items),
+                    "".join(f"{fills[k][1]}," for k in items),
+                    "".join(f"{fills[k][2]}," for k in items)]  # fmt: skip
+            return [(("fill", [group.meta], args), items)]
+
+        results = await self._grouped(inst, "fill", [f[0] for f in fills], plan)
+        missed = [fills[k] for positions, result in results if result is None for k in positions]
+        if missed:
+            self._queue(inst, missed, front=True)
+        return not missed
 
     async def _drain(self, inst: Instance) -> None:
-        """Send this instance's queued fills, a chunk per call, until the backlog seen at
+        """Send this member's queued fills, a chunk at a time, until the backlog seen at
         the start is sent or a call fails."""
         for _ in range(-(-len(inst.backlog) // scripts.CHUNK_DIGESTS)):
             fills = self._take_fills(inst)
-            if not fills:
-                return
-            (result,) = await self._run(inst, "fill", [self._fill_call(inst, fills)])
-            if result is None:
-                self._queue(inst, fills, front=True)
+            if not fills or not await self._send_fills(inst, fills):
                 return
 
     # -- calls ------------------------------------------------------------------
 
-    async def _run(self, inst: Instance, what: str, calls: Sequence[Call]) -> list[Any | None]:
-        """The calls on `inst`, in order on one connection, `scripts.CHUNKS_PER_TRIP` per
-        round trip, each round trip bounded by `[redis] timeout` (timed as `what`). The
-        reply per call; None for a call that got no answer (after a timeout or a lost
-        connection the calls not yet sent are not sent) or found another epoch."""
+    async def _grouped(
+        self, inst: Instance, what: str, digests: Sequence[bytes],
+        plan: Callable[[Group, Sequence[int]], Planned],
+    ) -> list[tuple[Sequence[int], Any | None]]:  # fmt: skip
+        """The calls `plan` makes for each group's items of `digests` (positions in
+        order), the groups side by side; per call, its item positions and its reply
+        (None: no answer)."""
+
+        async def one(group: int, items: Sequence[int]) -> list[tuple[Sequence[int], Any]]:
+            planned = plan(inst.groups[group], items)
+            replies = await self._run(inst, what, [call for call, _ in planned], group)
+            return [(positions, r) for (_, positions), r in zip(planned, replies, strict=True)]
+
+        if not inst.cluster:
+            return await one(0, range(len(digests)))
+        parts = split(digests, len(inst.groups))
+        done = await asyncio.gather(*(one(group, items) for group, items in parts))
+        return [result for part in done for result in part]
+
+    async def _run(
+        self, inst: Instance, what: str, calls: Sequence[Call], group: int = 0
+    ) -> list[Any | None]:
+        """The calls on one group of `inst`, in order, each round trip bounded by
+        `[redis] timeout` (timed as `what`). The reply per call; None for a call that
+        got no answer (after a timeout or a lost connection the calls not yet sent are
+        not sent) or found another epoch or a pause. A standalone member gets
+        `scripts.CHUNKS_PER_TRIP` calls per round trip on one connection; a cluster
+        member one call at a time, routed by the client (MOVED, ASK, failovers)."""
         results: list[Any | None] = [None] * len(calls)
-        for start in range(0, len(calls), scripts.CHUNKS_PER_TRIP):
-            group = range(start, min(start + scripts.CHUNKS_PER_TRIP, len(calls)))
-            trip = partial(self._pipelined, inst, [calls[n] for n in group])
-            replies = await self._timed(inst, what, trip)
+        per_trip = 1 if inst.cluster else scripts.CHUNKS_PER_TRIP
+        for start in range(0, len(calls), per_trip):
+            trip = range(start, min(start + per_trip, len(calls)))
+            if inst.cluster:
+                name, keys, args = calls[start]
+                send = partial(self._one_call, inst, name, keys, args)
+            else:
+                send = partial(self._pipelined, inst, [calls[n] for n in trip])
+            replies = await self._timed(inst, what, send, group=group)
             if replies is None:
                 return results
-            for n, reply in zip(group, replies, strict=True):
+            for n, reply in zip(trip, replies, strict=True):
                 if isinstance(reply, ResponseError):
-                    self._failed(inst, "response", str(reply))
-                elif isinstance(reply, bytes) and reply.startswith(b"epoch:"):
-                    self._epoch_differs(inst, reply[len(b"epoch:") :].decode())
+                    self._failed(inst, "response", str(reply), group)
+                elif isinstance(reply, bytes) and self._refused(inst, reply):
                     return results
                 else:
                     results[n] = reply
         return results
 
+    async def _one_call(
+        self, inst: Instance, name: str, keys: list[Any], args: list[Any]
+    ) -> list[Any]:
+        """A cluster member's call: the Script object loads the script where a node
+        lacks it (a new or failed-over master)."""
+        return [await inst.scripts[name](keys=keys, args=args)]
+
     async def _pipelined(self, inst: Instance, calls: list[Call]) -> list[Any]:
-        """EVALSHA per call in one pipeline. A script the instance does not have (it
+        """EVALSHA per call in one pipeline. A script the member does not have (it
         restarted) is loaded, and the calls it refused are sent once more."""
         replies = await self._send(inst, calls)
         lost = [n for n, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -610,15 +843,31 @@ class Quorum:
 
     async def _send(self, inst: Instance, calls: list[Call]) -> list[Any]:
         pipe = inst.client.pipeline(transaction=False)
-        for name, args in calls:
-            pipe.evalsha(inst.scripts[name].sha, 0, *args)
+        for name, keys, args in calls:
+            pipe.evalsha(inst.scripts[name].sha, len(keys), *keys, *args)
         replies: list[Any] = await pipe.execute(raise_on_error=False)
         return replies
 
+    def _refused(self, inst: Instance, reply: bytes) -> bool:
+        """Whether a script refused to write: another epoch ('epoch:<held>': the member
+        lost its data since we read it) or a pause ('paused:')."""
+        if reply.startswith(b"epoch:"):
+            self._epoch_differs(inst, reply[len(b"epoch:") :].decode())
+            return True
+        if reply.startswith(b"paused:"):
+            if not inst.paused:
+                logger.warning("Redis member %s is paused: not counted, no claims sent",
+                               inst.name, extra={"redis": inst.name})  # fmt: skip
+            inst.paused = True
+            self.metrics.redis_paused.labels(inst.name).set(1)
+            self.metrics.quorum_healthy.set(1 if self.healthy else 0)
+            return True
+        return False
+
     def _epoch_differs(self, inst: Instance, held: str) -> None:
-        """A claim found another epoch: the instance lost its data since we read it."""
+        """A claim found another epoch: the member lost its data since we read it."""
         logger.warning(
-            "Redis instance %s holds epoch %r, not %r: nothing was written; re-reading epochs",
+            "Redis member %s holds epoch %r, not %r: nothing was written; re-reading epochs",
             inst.name, held, inst.epoch.raw if inst.epoch else None, extra={"redis": inst.name},
         )  # fmt: skip
         inst.epoch, inst.trusted = None, False
@@ -626,58 +875,67 @@ class Quorum:
         self.metrics.redis_recovering.labels(inst.name).set(1)
         self.metrics.quorum_healthy.set(1 if self.healthy else 0)
 
-    async def _counted_on_all(
-        self, script: str, call: Callable[[Instance], Awaitable[T]], needs_epoch: bool = False
-    ) -> list[T | None]:
-        """`call` on every instance; None where it gave no answer, where the vote must
-        not count it (not trusted), or, with `needs_epoch`, where its epoch is not
-        known (then it is not called: a script that writes needs the epoch)."""
+    async def _per_item_on_counted(
+        self, what: str, digests: Sequence[bytes],
+        plan: Callable[..., Planned], needs_epoch: bool = False,
+    ) -> list[list[int | None]]:  # fmt: skip
+        """Per member, per digest, the reply of the calls `plan` makes (one reply per
+        item); None where it gave no answer, or where the vote must not count it (not
+        trusted, or paused). With `needs_epoch` the plan takes the member first, and a
+        member whose epoch is not known is not called (a script that writes needs it)."""
         if not self._epochs_read:
             await self.refresh_epochs()
 
-        async def one(inst: Instance) -> T | None:
-            if needs_epoch and inst.epoch is None:
-                return None
-            return await self._timed(inst, script, partial(call, inst))
+        async def one(inst: Instance) -> list[int | None]:
+            out: list[int | None] = [None] * len(digests)
+            if needs_epoch and (inst.epoch is None or inst.paused):
+                return out
+            planner = partial(plan, inst) if needs_epoch else plan
+            for positions, result in await self._grouped(inst, what, digests, planner):
+                if result is not None:
+                    _place(out, positions, [int(x) for x in result] if isinstance(result, list)
+                           else [int(result)])  # fmt: skip
+            if not inst.trusted or inst.paused:
+                return [None] * len(digests)
+            return out
 
-        results = await asyncio.gather(*(one(inst) for inst in self.instances))
-        return [r if i.trusted else None for i, r in zip(self.instances, results, strict=True)]
-
-    async def _on_all(
-        self, script: str, call: Callable[[Instance], Awaitable[T]]
-    ) -> list[T | None]:
-        return list(await asyncio.gather(*(self._timed(i, script, partial(call, i))
-                                           for i in self.instances)))  # fmt: skip
+        return list(await asyncio.gather(*(one(inst) for inst in self.instances)))
 
     async def run_script(
-        self, inst: Instance, name: str, args: list[Any], bound_s: float | None = None
-    ) -> Any | None:
-        """One call of script `name` on `inst`, bounded by `bound_s` (default: `[redis]
-        timeout`); None for no answer (counted and logged like every other call)."""
-        return await self._timed(inst, name, partial(inst.scripts[name], args=args), bound_s)
+        self, inst: Instance, name: str, args: list[Any], bound_s: float | None = None,
+        group: int = 0,
+    ) -> Any | None:  # fmt: skip
+        """One call of script `name` on one group of `inst`, bounded by `bound_s`
+        (default: `[redis] timeout`); None for no answer (counted and logged like
+        every other call). Its declared key: the group's epoch key for the epoch
+        scripts, its slice meta for the others."""
+        g = inst.groups[group]
+        keys = [g.epoch_key if name.startswith("epoch") or name == "pause" else g.meta]
+        call = partial(inst.scripts[name], keys=keys, args=args)
+        return await self._timed(inst, name, call, bound_s, group)
 
     async def _timed(
         self, inst: Instance, script: str, call: Callable[[], Awaitable[T]],
-        bound_s: float | None = None,
+        bound_s: float | None = None, group: int = 0,
     ) -> T | None:  # fmt: skip
         started = time.perf_counter()
         timeout = bound_s or self.timeout
         try:
             result = await asyncio.wait_for(call(), timeout)
         except (TimeoutError, RedisTimeoutError):
-            self._failed(inst, "timeout", f"no answer within {timeout}s")
+            self._failed(inst, "timeout", f"no answer within {timeout}s", group)
             return None
         except AuthenticationError as exc:  # before its base class, ConnectionError
-            self._failed(inst, "auth", str(exc))
+            self._failed(inst, "auth", str(exc), group)
             return None
         except RedisConnectionError as exc:
-            self._failed(inst, "connection", str(exc))
+            self._failed(inst, "connection", str(exc), group)
             return None
         except ResponseError as exc:  # e.g. OOM under noeviction, or a script error
-            self._failed(inst, "response", str(exc))
+            self._failed(inst, "response", str(exc), group)
             return None
-        except RedisError as exc:
-            self._failed(inst, "other", str(exc))
+        except RedisError as exc:  # a cluster's own errors (no node serves the slot) too
+            self._failed(inst, "other", str(exc), group)
             return None
         except RuntimeError as exc:
             # uvloop's error for a write to a connection the server just closed (seen
@@ -685,23 +943,52 @@ class Quorum:
             # it on untranslated, after dropping the connection.
             if _CLOSED_TRANSPORT not in str(exc):
                 raise
-            self._failed(inst, "connection", str(exc))
+            self._failed(inst, "connection", str(exc), group)
+            return None
+        except AttributeError as exc:
+            # redis-py's cluster client can hand a call a connection that a concurrent
+            # refresh of the slot map has just closed ('NoneType' object has no
+            # attribute 'writelines'): that call got no answer; the next one reconnects.
+            if not inst.cluster:
+                raise
+            self._failed(inst, "connection", f"cluster client: {exc}", group)
             return None
         self.metrics.redis_call_seconds.labels(inst.name, script).observe(
             time.perf_counter() - started
         )
+        if group in inst.down_groups:
+            inst.down_groups.discard(group)
+            self.metrics.redis_groups_down.labels(inst.name).set(len(inst.down_groups))
+            if not inst.down_groups and inst.up:
+                logger.info("Redis member %s: every key group answers again", inst.name,
+                            extra={"redis": inst.name})  # fmt: skip
         if not inst.up:
-            logger.info("Redis instance %s answers", inst.name, extra={"redis": inst.name})
-        inst.failure = None
+            logger.info("Redis member %s answers", inst.name, extra={"redis": inst.name})
+        if not inst.cluster:  # a cluster member's is cleared by its epoch read
+            inst.failure = None
         self._set_up(inst, True)
         return result
 
-    def _failed(self, inst: Instance, kind: str, detail: str) -> None:
+    def _failed(self, inst: Instance, kind: str, detail: str, group: int = 0) -> None:
+        """Count and log a call that got no answer. A cluster member is down when
+        every key group is; while some answer, only the groups that do not are."""
         self.metrics.redis_errors.labels(inst.name, kind).inc()
         inst.failure = (kind, detail)
+        if inst.cluster and group not in inst.down_groups:
+            inst.down_groups.add(group)
+            self.metrics.redis_groups_down.labels(inst.name).set(len(inst.down_groups))
+            if len(inst.down_groups) == 1 and inst.up:
+                logger.warning(
+                    "Redis member %s: key group %s failed (%s): %s; its records get no "
+                    "answer from this member", inst.name,
+                    inst.groups[group].prefix.decode(errors="replace"), kind, detail,
+                    extra={"redis": inst.name, "kind": kind},
+                )  # fmt: skip
+        if inst.cluster and len(inst.down_groups) < len(inst.groups):
+            return
         if inst.up:
             logger.warning(
-                "Redis instance %s failed (%s): %s", inst.name, kind, detail,
+                "Redis member %s failed (%s): %s", inst.name, kind, detail,
                 extra={"redis": inst.name, "kind": kind},
             )  # fmt: skip
         self._set_up(inst, False)
@@ -714,6 +1001,21 @@ class Quorum:
     async def close(self) -> None:
         for inst in self.instances:
             await inst.client.aclose()
+
+
+def _chunks(items: Sequence[int]) -> list[Sequence[int]]:
+    """`items` in runs of `scripts.CHUNK_DIGESTS` (a range stays a range)."""
+    size = scripts.CHUNK_DIGESTS
+    return [items[a : a + size] for a in range(0, len(items), size)]
+
+
+def _place(out: list[Any], positions: Sequence[int], values: Sequence[Any]) -> None:
+    """out[positions[j]] = values[j], as one slice assignment for a range."""
+    if isinstance(positions, range):
+        out[positions.start : positions.stop] = values
+    else:
+        for k, value in zip(positions, values, strict=True):
+            out[k] = value
 
 
 def _when(epoch_ms: int) -> str:

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from gateway import scripts
 from gateway.config import Settings
 from gateway.keys import EPOCH_TRUSTED
 from gateway.metrics import Metrics
@@ -115,7 +114,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None) -> int:
         report.epoch_after = epoch.raw
         return OK
     trusted = epoch.with_state(EPOCH_TRUSTED)
-    done = await quorum.run_script(target, "epoch_set", [quorum.prefix, epoch.raw, trusted.raw])
+    done = await quorum.run_script(target, "epoch_set", [epoch.raw, trusted.raw])
     if done != 1:
         raise RebuildError(f"{target.name}'s epoch changed during the rebuild; run it again")
     report.epoch_after = trusted.raw
@@ -126,20 +125,23 @@ async def _copy_from(
     quorum: Quorum, target: Instance, epoch_id: str, sources: Sequence[Instance], n: int,
     report: Report,
 ) -> None:  # fmt: skip
-    """Copy the marks sources[n] holds and no earlier source holds."""
+    """Copy the marks sources[n] holds and no earlier source holds, group by group
+    (a cluster member's key groups, gateway/members.py)."""
     src, others = sources[n], [s for k, s in enumerate(sources) if k != n]
-    cursor: list[Any] = ["start", 0]
-    while True:
-        reply = await quorum.run_script(src, "export", [*quorum.layout, *cursor, EXPORT_BUDGET])
-        if reply is None:
-            raise RebuildError(f"source {src.name} stopped answering")
-        done, next_slice, next_shard, *flat = reply
-        found = {flat[i]: (flat[i + 1].decode(), int(flat[i + 2])) for i in range(0, len(flat), 3)}
-        if found:
-            await _copy_marks(quorum, target, epoch_id, found, others, sources[:n], report)
-        if done:
-            return
-        cursor = [next_slice, next_shard]
+    for group in range(len(src.groups)):
+        cursor: list[Any] = ["start", 0]
+        while True:
+            reply = await quorum.export(src, group, cursor, EXPORT_BUDGET)
+            if reply is None:
+                raise RebuildError(f"source {src.name} stopped answering")
+            done, next_slice, next_shard, *flat = reply
+            found = {flat[i]: (flat[i + 1].decode(), int(flat[i + 2]))
+                     for i in range(0, len(flat), 3)}  # fmt: skip
+            if found:
+                await _copy_marks(quorum, target, epoch_id, found, others, sources[:n], report)
+            if done:
+                break
+            cursor = [next_slice, next_shard]
 
 
 async def _copy_marks(
@@ -172,20 +174,15 @@ async def _copy_marks(
         for (_, winner, _), (there, _) in zip(picks, there_now, strict=True):
             _count(report, 0 if there == winner else 1 if there is None else 2)
         return
-    size = scripts.CHUNK_DIGESTS
-    for a in range(0, len(picks), size):
-        chunk = picks[a : a + size]
-        blob = b"".join(d for d, _, _ in chunk)
-        owners = "".join(f"{w}," for _, w, _ in chunk)
-        lefts = "".join(f"{t}," for _, _, t in chunk)
-        args = [*quorum.layout, epoch_id, len(chunk[0][0]), blob, owners, lefts]
-        reply = await quorum.run_script(target, "import", args)
-        if reply is None:
-            raise RebuildError(f"{target.name} stopped answering")
-        if isinstance(reply, bytes):  # 'epoch:...': it lost its data again
-            raise RebuildError(f"{target.name} lost its data during the rebuild; run it again")
-        for result in reply:
-            _count(report, int(result))
+    if not picks:
+        return
+    reply = await quorum.import_marks(target, epoch_id, picks)
+    if reply is None:
+        raise RebuildError(f"{target.name} stopped answering")
+    if isinstance(reply, str):  # its epoch changed: it lost its data again
+        raise RebuildError(f"{target.name} lost its data during the rebuild; run it again")
+    for result in reply:
+        _count(report, result)
 
 
 async def _lookup(
@@ -194,12 +191,10 @@ async def _lookup(
     """Per digest, the owner `inst` holds (None: absent) and its remaining ms."""
     if not digests:
         return []
-    reply = await quorum.run_script(
-        inst, "lookup", [*quorum.layout, len(digests[0]), b"".join(digests)]
-    )
+    reply = await quorum.lookup(inst, digests)
     if reply is None:
         raise RebuildError(f"{inst.name} stopped answering")
-    return [(reply[i].decode() or None, int(reply[i + 1])) for i in range(0, len(reply), 2)]
+    return [(owner.decode() or None, int(left)) for owner, left in reply]
 
 
 def _count(report: Report, result: int) -> None:

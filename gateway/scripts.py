@@ -17,7 +17,13 @@ script cost"). A new id takes one HSETNX and, once per bucket per call, one
 PTTL; each older live slice adds one HGET.
 
 Common arguments, ARGV[1..4]: key prefix, TTL in ms, slice length in ms,
-shards per slice.
+shards per slice; KEYS[1]: the slice meta, `<prefix>slice`. Every key a script
+touches starts with that prefix, which for a Redis Cluster member carries
+the hash tag of one key group (gateway/members.py): all of a call's keys
+share one slot, and the declared key routes the call to it. Every script
+starts with a `#!lua` line, so a server with script flags (Redis 7+, Valkey)
+refuses a call that strays into another slot instead of running it
+half-way; the read-only ones are `no-writes`.
 """
 
 # Chunks (gateway/quorum.py). DIGEST_COST_US: a new id's Redis CPU with three
@@ -38,8 +44,8 @@ MIN_TIMEOUT_MS = TRIP_MS * TIMEOUT_MARGIN
 
 # The scripts below, as gateway/quorum.py registers them (the constant is the name upper-cased).
 NAMES = ("claim", "fill", "repair", "release", "handover", "mark_done", "inspect", "delete",
-         "export", "lookup", "import", "epoch_read", "epoch_create", "epoch_set",
-         "coalesce_update", "coalesce_close")  # fmt: skip
+         "export", "lookup", "import", "epoch_read", "epoch_create", "epoch_set", "epoch_copy",
+         "epoch_spread", "pause", "coalesce_update", "coalesce_close")  # fmt: skip
 
 # SLICES_BACK: slices older than the current one that may still hold live
 # marks. A slice lasts ttl/SLICES_BACK and its buckets expire `ttl` after it
@@ -51,11 +57,14 @@ SLICES_BACK = 2
 # read a little after the script read TIME. Raising `ttl` by less is not applied.
 EXPIRY_SLACK_MS = 1000
 
+WRITES = "#!lua\n"
+READS = "#!lua flags=no-writes\n"
+
 PRELUDE = f"""
 local SLICES_BACK, SLACK = {SLICES_BACK}, {EXPIRY_SLACK_MS}
 local prefix, ttl = ARGV[1], tonumber(ARGV[2])
 local slice_ms, buckets = tonumber(ARGV[3]), tonumber(ARGV[4])
-local meta = prefix .. 'slice'
+local meta = KEYS[1]
 local fmt = string.format  -- '%d' formats a number much faster than `..` does
 
 local function clock()
@@ -177,10 +186,13 @@ local function put(slices, digest, owner, at, now, done)
 end
 
 -- False when the instance still holds the data the caller knows (its epoch
--- starts with the id `expected`, gateway/keys.py); else the reply that says
--- so, 'epoch:<the epoch it holds>', and the script must write nothing.
+-- starts with the id `expected`, gateway/keys.py) and is not paused; else the
+-- reply that says so, 'epoch:<the epoch it holds>' or 'paused:', and the
+-- script must write nothing.
 local function epoch_differs(expected)
-  local epoch = redis.call('GET', prefix .. 'epoch')
+  local got = redis.call('MGET', prefix .. 'epoch', prefix .. 'paused')
+  local epoch = got[1]
+  if got[2] then return 'paused:' end
   if epoch and string.sub(epoch, 1, #expected + 1) == expected .. ':' then return false end
   return 'epoch:' .. (epoch or '')
 end
@@ -196,7 +208,8 @@ end
 # replay of the same source record), otherwise the owner token that holds it.
 # Or, instead of a list, 'epoch:<epoch held>' when the epoch differs.
 CLAIM = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
@@ -222,7 +235,8 @@ return out
 # concatenated; ARGV[8]: the winners, each followed by ','; ARGV[9]: the
 # tokens sent, each followed by ','. Reply: marks written, or 'epoch:<epoch held>'.
 FILL = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
@@ -249,7 +263,8 @@ return n
 # vote saw (compare-and-set), in the bucket that holds it (keeping its expiry).
 # ARGV[5..]: digest, owner seen, winner; per mark. Reply: marks rewritten.
 REPAIR = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local slices = live_slices()
 local n = 0
@@ -270,7 +285,8 @@ return n
 # other copy, while a replay of the released source record stays a duplicate.
 # ARGV[5..]: digest, token; per mark. Reply per mark: 1 released, 0 not.
 RELEASE = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local slices = live_slices()
 local out = {}
@@ -293,7 +309,7 @@ return out
 # crash replay of that delivery (same failure-topic offset) redoes its effect
 # while another copy of the command does nothing. A mark that expired or was
 # lost, or was released, is claimed for the next attempt: nobody else holds the id.
-# KEYS[i]: mark i's handover side key; ARGV[5]: the epoch id the caller
+# KEYS[i + 1]: mark i's handover side key; ARGV[5]: the epoch id the caller
 # expects (nothing is written if the instance holds another); ARGV[6]: the
 # marks' digests, concatenated (equal lengths); ARGV[7..]: failed token, next
 # token, command ref; per mark.
@@ -302,14 +318,16 @@ return out
 # another copy of the command, 4 this command's effect is done, 0 held by
 # another owner (a stale command). Or 'epoch:<epoch held>'.
 HANDOVER = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
-local len = #ARGV[6] / #KEYS
+local len = #ARGV[6] / (#KEYS - 1)
 local slices, at, now = open_slice()
 local out, done = {}, {}
-for i, by in ipairs(KEYS) do
+for i = 1, #KEYS - 1 do
+  local by = KEYS[i + 1]
   local digest = string.sub(ARGV[6], (i - 1) * len + 1, i * len)
   local failed, nxt, ref = ARGV[3 * i + 4], ARGV[3 * i + 5], ARGV[3 * i + 6]
   local bucket, held = find(slices, digest, hash_of(digest), 1)
@@ -331,7 +349,9 @@ return out
 
 # After a command's effect is acknowledged, note it on its handover key, so a
 # replay of that command finds it done. KEYS[i]: handover key; ARGV[i]: command ref.
-MARK_DONE = """
+MARK_DONE = (
+    WRITES
+    + """
 for i, key in ipairs(KEYS) do
   if redis.call('GET', key) == ARGV[i] then
     redis.call('SET', key, ARGV[i] .. '!done', 'XX', 'KEEPTTL')
@@ -339,11 +359,13 @@ for i, key in ipairs(KEYS) do
 end
 return #KEYS
 """
+)
 
 # One digest's mark, for the operator: {owner, bucket TTL in ms, bucket
 # encoding}, or {} when no live mark holds it. ARGV[5]: the digest.
 INSPECT = (
-    PRELUDE
+    READS
+    + PRELUDE
     + """
 local bucket, held = find(live_slices(), ARGV[5], hash_of(ARGV[5]), 1)
 if not held then return {} end
@@ -355,7 +377,8 @@ return {held, redis.call('PTTL', bucket), redis.call('OBJECT', 'ENCODING', bucke
 # release), as RELEASE does. ARGV[5]: the digest. Reply: 1 released, 0 absent
 # or released already.
 DELETE = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local bucket, held = find(live_slices(), ARGV[5], hash_of(ARGV[5]), 1)
 if not held or released(held) then return 0 end
@@ -371,7 +394,8 @@ return 1
 # slice is done else 0, next slice, next shard, then digest, owner, bucket's
 # remaining ms, per mark}.
 EXPORT = (
-    PRELUDE
+    READS
+    + PRELUDE
     + """
 local slices = live_slices()
 local from, shard, budget = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -408,7 +432,8 @@ return out
 # and its bucket's remaining ms, or '' and -2 when no live mark holds it.
 # ARGV[5]: digest length L; ARGV[6]: the digests, concatenated.
 LOOKUP = (
-    PRELUDE
+    READS
+    + PRELUDE
     + """
 local len, digests = tonumber(ARGV[5]), ARGV[6]
 local slices = live_slices()
@@ -435,7 +460,8 @@ return out
 # Reply per digest: 0 already held by that owner, 1 written, 2 rewritten from
 # another owner. Or 'epoch:<epoch held>' when the epoch differs.
 IMPORT = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
@@ -471,36 +497,84 @@ return out
 """
 )
 
-# The instance's epoch (gateway/keys.py), its clock, and whether it has ever
-# held marks (its slice meta exists): {epoch or false, now in ms, 1 or 0}.
-# ARGV[1]: key prefix.
-EPOCH_READ = """
+# The group's epoch (gateway/keys.py), its clock, whether it has ever held
+# marks (its slice meta exists), whether it is paused, and the epoch id last
+# copied to every group of the member (group 0 of a cluster member; see
+# gateway/quorum.py): {epoch or false, now in ms, 1 or 0, 1 or 0, id or false}.
+# KEYS[1]: `<prefix>epoch`; ARGV[1]: key prefix.
+EPOCH_READ = (
+    READS
+    + """
 local t = redis.call('TIME')
 local marks = redis.call('HGET', ARGV[1] .. 'slice', 'id') and 1 or 0
-return {redis.call('GET', ARGV[1] .. 'epoch'), t[1] * 1000 + math.floor(t[2] / 1000), marks}
+local paused = redis.call('EXISTS', ARGV[1] .. 'paused')
+return {redis.call('GET', KEYS[1]), t[1] * 1000 + math.floor(t[2] / 1000), marks, paused,
+        redis.call('GET', ARGV[1] .. 'epoch-spread')}
 """
+)
 
-# Give an instance an epoch if it has none (first contact, or its data was
+# Give a group an epoch if it has none (first contact, or its data was
 # lost): '<id>:<since, ms by this instance's clock>:<state>'. The first caller
-# sets it (NX); the reply is the epoch the instance holds now.
-# ARGV[1]: key prefix; ARGV[2]: a random id; ARGV[3]: 'trusted' or 'recovering'.
-EPOCH_CREATE = """
-local key = ARGV[1] .. 'epoch'
+# sets it (NX); the reply is the epoch the group holds now.
+# KEYS[1]: `<prefix>epoch`; ARGV[1]: a random id; ARGV[2]: 'trusted' or 'recovering'.
+EPOCH_CREATE = (
+    WRITES
+    + """
 local t = redis.call('TIME')
 local since = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('SET', key, string.format('%s:%d:%s', ARGV[2], since, ARGV[3]), 'NX')
-return redis.call('GET', key)
+redis.call('SET', KEYS[1], string.format('%s:%d:%s', ARGV[1], since, ARGV[2]), 'NX')
+return redis.call('GET', KEYS[1])
 """
+)
 
-# Change an epoch's state if it still holds what the caller saw (compare-and-set).
-# ARGV[1]: key prefix; ARGV[2]: the epoch seen; ARGV[3]: the new value.
-# Reply: 1 set, 0 not.
-EPOCH_SET = """
-local key = ARGV[1] .. 'epoch'
-if redis.call('GET', key) ~= ARGV[2] then return 0 end
-redis.call('SET', key, ARGV[3])
+# Change an epoch if it still holds what the caller saw (compare-and-set; ''
+# for none). KEYS[1]: `<prefix>epoch`; ARGV[1]: the epoch seen; ARGV[2]: the
+# new value. Reply: 1 set, 0 not.
+EPOCH_SET = (
+    WRITES
+    + """
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
+)
+
+# Copy a cluster member's epoch (group 0's) to another group, where it is not
+# there already. KEYS[1]: `<prefix>epoch`; ARGV[1]: the epoch. Reply: 1 written.
+EPOCH_COPY = (
+    WRITES
+    + """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+)
+
+# Note on group 0 that its epoch id is on every group (only while it still holds
+# that epoch). KEYS[1]: `<prefix>epoch`; ARGV[1]: key prefix; ARGV[2]: the epoch.
+# Reply: 1 noted, 0 the epoch changed.
+EPOCH_SPREAD = (
+    WRITES
+    + """
+local epoch = redis.call('GET', KEYS[1])
+if epoch ~= ARGV[2] then return 0 end
+redis.call('SET', ARGV[1] .. 'epoch-spread', string.match(epoch, '^[^:]+'))
+return 1
+"""
+)
+
+# Pause a group (ARGV[2] '1') or resume it ('0'): a paused group refuses every
+# script that writes marks ('paused:'), so its slots can be migrated
+# (docs/operations.md, "Resharding a cluster member"). KEYS[1]: `<prefix>epoch`
+# (routing); ARGV[1]: key prefix. Reply: 1.
+PAUSE = (
+    WRITES
+    + """
+if ARGV[2] == '1' then redis.call('SET', ARGV[1] .. 'paused', '1')
+else redis.call('DEL', ARGV[1] .. 'paused') end
+return 1
+"""
+)
 
 # Coalescing windows (gateway/coalesce.py; key shapes in gateway/keys.py). A
 # window's state is the hash `<prefix>cs:<key digest>:<start>`: v, the newest
@@ -517,7 +591,8 @@ return 1
 # else 0 (flattened); or 'epoch:<epoch held>'. A replay of an update (same
 # version) changes nothing; a replayed older update counts once more in n.
 COALESCE_UPDATE = (
-    PRELUDE
+    WRITES
+    + PRELUDE
     + """
 local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
@@ -567,7 +642,8 @@ return out
 # Reply per window, flattened: newest version ('' when no state), updates
 # taken, newest update's timestamp.
 COALESCE_CLOSE = (
-    PRELUDE
+    READS
+    + PRELUDE
     + """
 local len, digests = tonumber(ARGV[5]), ARGV[6]
 local starts = string.gmatch(ARGV[7], '([^,]+),')

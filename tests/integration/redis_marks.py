@@ -33,10 +33,9 @@ async def owners_on(server: ManagedProcess, digests: Sequence[bytes]) -> list[st
         out: list[str | None] = []
         for a in range(0, len(digests), 2000):
             chunk = digests[a : a + 2000]
-            args = [*quorum.layout, len(chunk[0]), b"".join(chunk)]
-            reply = await quorum.run_script(quorum.instances[0], "lookup", args)
+            reply = await quorum.lookup(quorum.instances[0], chunk)
             assert reply is not None, f"{server.name} does not answer"
-            out.extend(reply[i].decode() or None for i in range(0, len(reply), 2))
+            out.extend(owner.decode() or None for owner, _ in reply)
         return out
 
 

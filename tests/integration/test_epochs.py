@@ -156,15 +156,20 @@ async def test_a_claim_that_expects_another_epoch_writes_nothing(redis_servers: 
         await quorum.check()
         epoch = quorum.instances[0].epoch
         assert epoch is not None
-        claim = client.register_script(scripts.CLAIM)
+        script = client.register_script(scripts.CLAIM)
         digest = mark_digest(b"m")
+
+        async def claim(expected: str, owner: str) -> Any:
+            return await script(
+                keys=[b"dd:slice"], args=[*quorum.layout, expected, 12, digest, owner]
+            )
+
         for expected in ("", "not-" + epoch.id, epoch.id[:-1]):
-            reply = await claim(keys=[], args=[*quorum.layout, expected, 12, digest, "5,"])
-            assert reply == b"epoch:" + epoch.raw.encode()
+            assert await claim(expected, "5,") == b"epoch:" + epoch.raw.encode()
         assert await client.keys("dd:m:*") == [] and not await client.exists("dd:slice")
-        assert await claim(keys=[], args=[*quorum.layout, epoch.id, 12, digest, "5,"]) == [1]
+        assert await claim(epoch.id, "5,") == [1]
         await client.delete("dd:epoch")
-        assert await claim(keys=[], args=[*quorum.layout, epoch.id, 12, digest, "6,"]) == b"epoch:"
+        assert await claim(epoch.id, "6,") == b"epoch:"
 
 
 async def test_a_recovering_instance_is_trusted_again_after_a_whole_mark_lifetime(

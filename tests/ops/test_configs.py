@@ -43,8 +43,8 @@ def test_compose_config_with_its_env_overrides_names_three_password_protected_me
     for name, value in env.items():
         monkeypatch.setenv(name, _interpolate(str(value)))
     settings = load_settings(DEPLOY / "config" / "gateway.toml")
-    assert [n.host for n in settings.redis.nodes] == ["redis-0", "redis-1", "redis-2"]
-    assert all(n.password == "dev-only-change-me" for n in settings.redis.nodes)
+    assert [n.hosts()[0]["host"] for n in settings.redis.nodes] == ["redis-0", "redis-1", "redis-2"]
+    assert all(n.hosts()[0]["password"] == "dev-only-change-me" for n in settings.redis.nodes)
     assert settings.quorum == 2
     sink = load_sink_settings(DEPLOY / "config" / "gateway.toml")
     assert str(sink.spark.checkpoint_dir).startswith("/var/lib/spark")  # the spark volume

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.config import ConfigError, load_settings, redacted
+from gateway.config import ConfigError, effective, load_settings
+from gateway.members import member_name
 
 BAD = [
     ({"redis": {"nodes": ["redis://a:1/0", "redis://b:1/0"]}}, "redis.nodes", "odd number"),
@@ -60,4 +61,22 @@ def test_missing_config_file_is_named(tmp_path: Path):
 
 def test_redis_password_never_appears_in_the_loggable_name():
     settings = load_settings(redis={"nodes": ["redis://user:s3cret@db:6380/2"]})
-    assert redacted(settings.redis.nodes[0]) == "db:6380/2"
+    assert member_name(settings.redis.nodes[0]) == "db:6380/2"
+
+
+def test_a_cluster_member_url_is_checked_at_start() -> None:
+    settings = load_settings(
+        redis={"nodes": ["redis+cluster://u:pw@h1:7000,h2:7001", "redis://a/0", "redis://b/0"]}
+    )
+    assert member_name(settings.redis.nodes[0]) == "cluster:h1:7000"
+    assert "pw" not in effective(settings)["redis"]["nodes"][0]
+    for bad, says in [
+        (["redis+cluster://h1:7000/2", "redis://a/0", "redis://b/0"], "database 0 only"),
+        (["redis://h1:7000,h2:7000", "redis://a/0", "redis://b/0"], r"redis\+cluster://"),
+        (["redis+cluster://h1:7000", "redis+cluster://h1:7000,h2:1", "redis://b/0"], "twice"),
+        (["memcached://h1:7000"], "redis.nodes"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            load_settings(redis={"nodes": bad})
+    with pytest.raises(ConfigError, match="key_prefix"):
+        load_settings(redis={"key_prefix": "dd{x}:"})

@@ -1,0 +1,292 @@
+"""A quorum member that is a Redis Cluster (gateway/members.py), beside two
+standalone members: exact dedup, the failure loop, a node restarting empty,
+resharding while paused, memory per mark, on Redis 7.0 and Valkey 9 clusters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from devtools.harness import (
+    Topics,
+    clean_ids,
+    counter_value,
+    eventually,
+    failure_command,
+    make_settings,
+    produce,
+    running,
+)
+from devtools.localstack import RedisClusterProcesses
+from devtools.topics import read_topic, wait_committed
+from devtools.traffic import produce_traffic
+from gateway.config import load_settings
+from gateway.keys import mark_digest, owner_token
+from gateway.members import group_of
+from gateway.metrics import Metrics
+from gateway.operator_commands import set_paused
+from gateway.quorum import Quorum
+from gateway.rebuild import rebuild
+from gateway.vote import MINE
+from tests.conftest import redis_urls
+
+SERVERS = ["redis-server", "valkey-server"]
+
+
+def cluster_quorum(cluster: RedisClusterProcesses, **redis: Any) -> Quorum:
+    """A quorum of the cluster member alone: what a gateway's calls to it do."""
+    return Quorum(load_settings(redis={"nodes": [cluster.url], **redis}).redis, Metrics())
+
+
+async def owners_on(
+    cluster: RedisClusterProcesses, ids: list[str], **redis: Any
+) -> list[str | None]:
+    quorum = cluster_quorum(cluster, **redis)
+    try:
+        await quorum.refresh_epochs()
+        found = await quorum.lookup(quorum.instances[0], [mark_digest(i.encode()) for i in ids])
+    finally:
+        await quorum.close()
+    assert found is not None, "the cluster member does not answer"
+    return [owner.decode() or None for owner, _ in found]
+
+
+async def keys_per_master(cluster: RedisClusterProcesses) -> list[int]:
+    sizes = []
+    for port in cluster.ports:
+        async with aioredis.Redis(port=port) as node:
+            sizes.append(await node.dbsize())
+    return sizes
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_each_id_forwarded_once_and_the_cluster_members_answers_count(
+    broker, redis_servers, redis_clusters, names, server
+):
+    topics = Topics(names)
+    await topics.create(broker)
+    cluster = redis_clusters(3, binary=server)
+    standalone = redis_servers(2)
+    settings = make_settings(broker, topics, [cluster.url, *redis_urls(standalone)])
+    first = await produce_traffic(broker, topics.raw, 4000, duplicate_share=0.3, seed=11)
+    async with running(settings) as gateway:
+        await wait_committed(broker, topics.group, topics.raw, first.per_partition)
+        assert gateway.quorum.counted() == [True, True, True]
+        # Every mark is on the cluster, spread over all three masters.
+        ids = sorted(first.unique_ids)
+        assert None not in await owners_on(cluster, ids)
+        assert min(await keys_per_master(cluster)) > 0
+
+        # One standalone member goes: the votes need the cluster's answers now.
+        standalone[0].kill()
+        again = await produce_traffic(
+            broker, topics.raw, 2000, duplicate_share=0.3, seed=12, id_prefix="n"
+        )
+        replays = [(b"k", b"v", [("message-id", i.encode())]) for i in ids[:500]]
+        await produce(broker, topics.raw, replays)
+        done = {p: first.per_partition[p] + again.per_partition[p] for p in first.per_partition}
+        done[0] += len(replays)
+        await wait_committed(broker, topics.group, topics.raw, done)
+        metrics = gateway.metrics
+    out = await clean_ids(broker, topics.clean)
+    assert set(out) == first.unique_ids | again.unique_ids
+    assert max(out.values()) == 1
+    assert counter_value(metrics.duplicates) == first.duplicates + again.duplicates + len(replays)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_the_failure_loop_hands_a_mark_over_on_the_cluster_member(
+    broker, redis_servers, redis_clusters, names, server
+):
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    cluster = redis_clusters(3, binary=server)
+    settings = make_settings(
+        broker, topics, [cluster.url, *redis_urls(redis_servers(2))],
+        failures={"mode": "retry", "backoff_initial": "10ms", "backoff_max": "50ms"},
+    )  # fmt: skip
+    message = (b"k", b"v", [("message-id", b"c-1")])
+    async with running(settings) as gateway:
+        await produce(broker, topics.raw, [message])
+        (first,) = await read_topic(broker, topics.clean, min_records=1)
+        await produce(broker, topics.failures, [failure_command(first, "api down")])
+        records = await read_topic(broker, topics.clean, min_records=2)
+        assert [dict(r.headers)["dedup-attempt"] for r in records[1:]] == [b"2"]
+        await produce(broker, topics.raw, [message])  # a resend: still a duplicate
+        await wait_committed(broker, topics.group, topics.raw, {0: 2})
+        assert counter_value(gateway.metrics.duplicates) == 1
+        views = await gateway.quorum.inspect(mark_digest(b"c-1"))
+    retried = owner_token(topics.raw, 0, 0, attempt=2)
+    assert [v.owner if v else None for v in views] == [retried] * 3
+    assert views[0] is not None and views[0].handed_over_by is not None
+    assert views[0].handed_over_by.endswith("!done")
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_cluster_node_restarting_empty_makes_the_member_recovering_until_rebuilt(
+    broker, redis_servers, redis_clusters, names, server
+):
+    topics = Topics(names)
+    await topics.create(broker)
+    cluster = redis_clusters(3, binary=server)
+    settings = make_settings(broker, topics, [cluster.url, *redis_urls(redis_servers(2))])
+    settings.redis.ping_interval = timedelta(milliseconds=200)
+    first = await produce_traffic(broker, topics.raw, 3000, duplicate_share=0.3, seed=21)
+    async with running(settings) as gateway:
+        await wait_committed(broker, topics.group, topics.raw, first.per_partition)
+        # One master of the member dies: the records of its key groups get no answer
+        # from the member (the standalone members decide them); the others do.
+        node = cluster.nodes[1]
+        node.kill()
+        during = await produce_traffic(
+            broker, topics.raw, 1000, duplicate_share=0.3, seed=22, id_prefix="d"
+        )
+        done = {p: first.per_partition[p] + during.per_partition[p] for p in first.per_partition}
+        await wait_committed(broker, topics.group, topics.raw, done)
+        down = gateway.metrics.redis_groups_down.labels(cluster.name_label)._value.get()
+        assert 0 < down < settings.redis.cluster_groups
+        assert gateway.quorum.instances[0].up
+        node.start()  # no persistence: it comes back empty, owning the same slots
+        cluster.wait_agreed()
+        await eventually(lambda: gateway.quorum.counted() == [False, True, True],
+                         what="the cluster member is recovering")  # fmt: skip
+        recovering = gateway.metrics.redis_recovering.labels(cluster.name_label)
+        assert recovering._value.get() == 1
+        # Copies of old ids still come out once: the two standalone members decide.
+        every = sorted(first.unique_ids | during.unique_ids)
+        replays = [(b"k", b"v", [("message-id", i.encode())]) for i in every]
+        await produce(broker, topics.raw, replays)
+        done[0] += len(replays)
+        await wait_committed(broker, topics.group, topics.raw, done)
+
+        assert await rebuild(gateway.settings, cluster.name_label, source=None,
+                             dry_run=False, output="json") == 0  # fmt: skip
+        await eventually(lambda: gateway.quorum.counted() == [True, True, True],
+                         what="the rebuilt member is trusted")  # fmt: skip
+    assert None not in await owners_on(cluster, every)
+    out = await clean_ids(broker, topics.clean)
+    assert set(out) == set(every) and max(out.values()) == 1
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_resharding_a_paused_cluster_member_while_records_flow_loses_and_repeats_nothing(
+    broker, redis_servers, redis_clusters, names, server
+):
+    topics = Topics(names)
+    await topics.create(broker)
+    cluster = redis_clusters(3, binary=server)
+    standalone = redis_servers(2)
+    settings = make_settings(broker, topics, [cluster.url, *redis_urls(standalone)])
+    settings.redis.cluster_groups = 16
+    member = cluster.name_label
+    first = await produce_traffic(broker, topics.raw, 3000, duplicate_share=0.3, seed=31)
+    async with running(settings) as gateway:
+        await wait_committed(broker, topics.group, topics.raw, first.per_partition)
+        assert await set_paused(settings, member, True) == 0
+        await eventually(lambda: gateway.quorum.counted() == [False, True, True],
+                         what="the gateway sees the pause")  # fmt: skip
+        # Records keep flowing while the slots move: the two standalone members decide.
+        during = asyncio.create_task(produce_traffic(
+            broker, topics.raw, 3000, duplicate_share=0.3, seed=32, id_prefix="d"
+        ))  # fmt: skip
+        source, target = cluster.ports[0], cluster.ports[1]
+        group_keys = [f"dd:{{{k}.16}}slice".encode() for k in range(16)]
+        moving = [key for key in group_keys if cluster.slot_owner_port(key) == source]
+        assert moving, "no key group on the first master"
+        moved = await asyncio.to_thread(cluster.move_slots_of, moving, target)
+        second = await during
+        assert await set_paused(settings, member, False) == 0
+        done = {p: first.per_partition[p] + second.per_partition[p] for p in first.per_partition}
+        await wait_committed(broker, topics.group, topics.raw, done)
+        await eventually(lambda: gateway.quorum.counted() == [True, True, True]
+                         and not gateway.quorum.instances[0].backlog,
+                         what="resumed, and the marks it missed filled in")  # fmt: skip
+
+        # With one standalone member gone, the cluster's answers decide: the marks
+        # in the moved groups and those it missed while paused are all there.
+        standalone[0].kill()
+        every = sorted(first.unique_ids | second.unique_ids)
+        replays = [(b"k", b"v", [("message-id", i.encode())]) for i in every]
+        await produce(broker, topics.raw, replays)
+        done[0] += len(replays)
+        await wait_committed(broker, topics.group, topics.raw, done)
+    assert moved and all(cluster.slot_owner_port(key) == target for key in moving)
+    assert None not in await owners_on(cluster, every, cluster_groups=16)
+    out = await clean_ids(broker, topics.clean)
+    assert set(out) == first.unique_ids | second.unique_ids
+    assert max(out.values()) == 1
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_mark_on_a_cluster_member_costs_what_it_does_on_one_instance(
+    redis_clusters, server
+):
+    cluster = redis_clusters(3, binary=server)
+    # 8 groups x 8 buckets: ~300 marks per bucket, as the standalone measurement.
+    quorum = cluster_quorum(cluster, buckets=64, cluster_groups=8)
+    try:
+        owner = owner_token("raw", 0, 1)
+        warm = [mark_digest(f"warm-{n}".encode()) for n in range(2000)]
+        assert await quorum.claim(warm, [owner] * len(warm)) == [[MINE] * len(warm)]
+        before = await used_memory(cluster)
+        ids = [mark_digest(f"mem-{n}".encode()) for n in range(20_000)]
+        for start in range(0, len(ids), 2000):
+            batch = ids[start : start + 2000]
+            assert await quorum.claim(batch, [owner] * len(batch)) == [[MINE] * len(batch)]
+        grown = await used_memory(cluster) - before
+        assert await quorum.claim(ids[:100], ["2"] * 100) == [[owner] * 100]
+        groups = Counter(group_of(d, 8) for d in ids)
+        assert len(groups) == 8
+    finally:
+        await quorum.close()
+    per_mark = grown / len(ids)
+    assert per_mark < 45, f"{per_mark:.1f} bytes per mark"
+
+
+async def used_memory(cluster: RedisClusterProcesses) -> int:
+    total = 0
+    for port in cluster.ports:
+        async with aioredis.Redis(port=port) as node:
+            total += (await node.info("memory"))["used_memory"]
+    return total
+
+
+async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clusters):
+    """Each call's keys share one slot; a script that strayed into another slot (on
+    another master) would fail here ("non local key")."""
+    cluster = redis_clusters(3)
+    quorum = cluster_quorum(cluster, cluster_groups=8)
+    try:
+        digests = [mark_digest(f"s-{n}".encode()) for n in range(600)]
+        owners = [str(n + 1) for n in range(600)]
+        assert await quorum.claim(digests, owners) == [[MINE] * 600]
+        assert await quorum.claim(digests, ["999999"] * 600) == [owners]
+        repairs = [(d, o, "7") for d, o in zip(digests[:50], owners[:50], strict=True)]
+        assert await quorum.repair([repairs]) == 50
+        assert await quorum.release(digests[:3], ["7", "7", "x"]) == [[1, 1, 0]]
+        assert await quorum.delete(digests[60]) == [1]
+        assert await quorum.handover([(digests[70], owners[70], "99", "failures/0/1")]) == [[1]]
+        await quorum.mark_done([digests[70]], ["failures/0/1"])
+        (view,) = await quorum.inspect(digests[70])
+        assert view is not None and (view.owner, view.handed_over_by) == ("99", "failures/0/1!done")
+        fresh = [mark_digest(f"f-{n}".encode()) for n in range(100)]
+        quorum.queue_fills([[(d, "5", "4") for d in fresh]])
+        await quorum.check()
+        assert not quorum.instances[0].backlog
+        assert await quorum.claim(fresh, ["6"] * 100) == [["5"] * 100]
+        windows = await quorum.coalesce_update(digests[:4], [1000] * 4, ["1", "2", "3", "4"],
+                                               "fixed", 1000, 5000)  # fmt: skip
+        assert windows == [[(1000, True)] * 4]
+        assert await quorum.coalesce_close(digests[:4], [1000] * 4) == [
+            [(v, 1, 1000) for v in ("1", "2", "3", "4")]
+        ]
+        found = await quorum.lookup(quorum.instances[0], digests[100:103])
+        assert found is not None and [o for o, _ in found] == [b"101", b"102", b"103"]
+        assert not quorum.instances[0].down_groups
+    finally:
+        await quorum.close()
