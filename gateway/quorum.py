@@ -440,9 +440,8 @@ class Quorum:
             await self.refresh_epochs()
         n, width = len(digests), len(digests[0])
 
-        def plan(inst: Instance, group: Group, items: Sequence[int]) -> Planned:
-            assert inst.epoch is not None
-            head = [*group.layout, inst.epoch.id, width]
+        def plan(epoch_id: str, group: Group, items: Sequence[int]) -> Planned:
+            head = [*group.layout, epoch_id, width]
             planned: Planned = []
             for chunk in _chunks(items):
                 if isinstance(chunk, range):  # the whole batch in order: slice, do not gather
@@ -457,10 +456,13 @@ class Quorum:
         async def one(inst: Instance) -> list[Reply]:
             if inst.epoch is None or inst.paused:  # what it would answer could not be counted
                 return [None] * n
+            # The epoch these claims expect: the one known now (the fills' answer may
+            # change what the gateway knows; the scripts then refuse).
+            epoch_id = inst.epoch.id
             fills = self._take_fills(inst)
             if fills:  # first, so that this batch's claims see the completed marks
                 await self._send_fills(inst, fills)
-            results = await self._grouped(inst, "claim", digests, partial(plan, inst))
+            results = await self._grouped(inst, "claim", digests, partial(plan, epoch_id))
             replies: list[Reply] = [None] * n
             for positions, result in results:
                 if result is None:
@@ -537,10 +539,9 @@ class Quorum:
         """
         digests = [digest for digest, *_ in marks]
 
-        def plan(inst: Instance, group: Group, items: Sequence[int]) -> Planned:
-            assert inst.epoch is not None
+        def plan(epoch_id: str, group: Group, items: Sequence[int]) -> Planned:
             keys = [group.meta, *(handover_key(group.prefix, digests[k]) for k in items)]
-            args = [*group.layout, inst.epoch.id, b"".join(digests[k] for k in items),
+            args = [*group.layout, epoch_id, b"".join(digests[k] for k in items),
                     *(v for k in items for v in marks[k][1:])]  # fmt: skip
             return [(("handover", keys, args), items)]
 
@@ -881,8 +882,8 @@ class Quorum:
     ) -> list[list[int | None]]:  # fmt: skip
         """Per member, per digest, the reply of the calls `plan` makes (one reply per
         item); None where it gave no answer, or where the vote must not count it (not
-        trusted, or paused). With `needs_epoch` the plan takes the member first, and a
-        member whose epoch is not known is not called (a script that writes needs it)."""
+        trusted, or paused). With `needs_epoch` the plan takes the member's epoch id first,
+        and a member whose epoch is not known is not called (a script that writes needs it)."""
         if not self._epochs_read:
             await self.refresh_epochs()
 
@@ -890,7 +891,7 @@ class Quorum:
             out: list[int | None] = [None] * len(digests)
             if needs_epoch and (inst.epoch is None or inst.paused):
                 return out
-            planner = partial(plan, inst) if needs_epoch else plan
+            planner = partial(plan, inst.epoch.id) if needs_epoch and inst.epoch else plan
             for positions, result in await self._grouped(inst, what, digests, planner):
                 if result is not None:
                     _place(out, positions, [int(x) for x in result] if isinstance(result, list)

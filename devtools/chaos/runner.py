@@ -42,6 +42,10 @@ from devtools.chaos.traffic import Traffic
 from devtools.harness import Topics
 from devtools.localstack import ManagedProcess, redis_server, tansu_broker
 from devtools.topics import create_topics, read_topic
+from gateway.config import load_settings
+from gateway.metrics import Metrics
+from gateway.quorum import Quorum
+from gateway.rebuild import rebuild
 from gateway.records import H_ERROR, H_SOURCE
 
 PROGRESS_DEADLINE_S = 60.0  # before each fault, the group must commit something new
@@ -193,6 +197,7 @@ class Run:
             await self._faults(traffic, standin, offsets, tasks)
             for task in list(self.restorations.values()):
                 await task
+            await self._runbook(toml)
             stop_traffic.set()
             await tasks[0]
             self.event(f"traffic stopped after {len(traffic.entries)} raw records; settling")
@@ -360,6 +365,27 @@ class Run:
             await traffic.resend_due(standin.resolved)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
+
+    async def _runbook(self, toml: Path) -> None:
+        """What the operator does once the faults are over (docs/operations.md,
+        "Rebuild runbook"): while the trusted members are fewer than a majority but
+        some are, rebuild members that lost their marks from them. Two members
+        emptied at once (profile `beyond`) stop the pipeline until then, as the
+        README says; the guarantees never need it."""
+        settings = load_settings(toml)
+        quorum = Quorum(settings.redis, Metrics())
+        try:
+            await quorum.refresh_epochs()
+            trusted = sum(1 for i in quorum.instances if i.up and i.trusted)
+            recovering = [i.name for i in quorum.instances if i.up and not i.trusted]
+        finally:
+            await quorum.close()
+        if trusted == 0 or trusted >= quorum.majority:
+            return
+        for name in recovering[: quorum.majority - trusted]:
+            with contextlib.redirect_stdout(None):  # its report: the exit code says enough
+                code = await rebuild(settings, name, source=None, dry_run=False, output="json")
+            self.event(f"runbook: `dedup-gateway rebuild {name}` exited {code}")
 
     async def _settle(
         self,

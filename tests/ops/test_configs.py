@@ -72,7 +72,7 @@ def test_kubernetes_toml_loads_with_the_example_secrets_env_overrides(
     assert settings.kafka.sasl_password is not None
     assert settings.kafka.sasl_password.get_secret_value() == "CHANGE-ME"
     assert [n.scheme for n in settings.redis.nodes] == ["rediss"] * 3
-    assert all(n.username == "dedup-gateway" for n in settings.redis.nodes)
+    assert all(n.hosts()[0]["username"] == "dedup-gateway" for n in settings.redis.nodes)
     # The secret is the whole list; the TOML's placeholders are replaced, not merged.
     assert len(json.loads(secrets["redis-nodes"])) == len(settings.redis.nodes)
     assert "CHANGE-ME" not in repr(settings.kafka)  # SecretStr masks it
