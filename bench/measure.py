@@ -11,6 +11,13 @@ the Redis instances' `used_cpu_user + used_cpu_sys` and the broker's from
 /proc. Memory per mark: each instance's `used_memory` growth over the run
 divided by the distinct ids (each instance holds one mark per id), after a
 FLUSHALL at the start.
+
+A cluster member (gateway-3-cluster) is several servers: each of its masters
+is flushed before the run, its CPU counts in the Redis CPU as any instance's,
+and its memory per mark is the growth summed over its masters per distinct id.
+That growth includes what its client connections hold (`mem_clients_normal`:
+the cluster client held ~65 connections per master in a 100,000-record run
+here, a standalone instance 3): a fixed cost, not a mark's, recorded apart too.
 """
 
 from __future__ import annotations
@@ -72,7 +79,10 @@ class ThroughputRun:
     duplicates: int
     expected_forwarded: int
     expected_duplicates: int
-    bytes_per_mark: list[float] = field(default_factory=list)  # one per instance
+    bytes_per_mark: list[float] = field(default_factory=list)  # one per standalone instance
+    cluster_bytes_per_mark: list[float] = field(default_factory=list)  # one per cluster member
+    # The part of cluster_bytes_per_mark that is the masters' client buffers' growth.
+    cluster_client_bytes_per_mark: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -116,6 +126,32 @@ class LatencyRun:
                 "correct": self.correct}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Members:
+    """A variant's quorum members on the stack: the URLs the gateway is given, and
+    the servers behind them as plain URLs (INFO and FLUSHALL go to each alone)."""
+
+    urls: list[str]  # as in `[redis] nodes`
+    standalone: list[str]  # the members that are one redis-server
+    cluster_nodes: list[str]  # the cluster member's masters; empty without one
+
+    @property
+    def servers(self) -> list[str]:
+        """Every redis-server the variant's marks live on: the cluster's masters first."""
+        return [*self.cluster_nodes, *self.standalone]
+
+
+def members(stack: LocalStack, variant: Variant) -> Members:
+    """The first member is the stack's cluster for a cluster variant, then standalone ones."""
+    if not variant.cluster:
+        urls = stack.redis_urls[: variant.redis]
+        return Members(urls, urls, [])
+    if stack.cluster is None:
+        raise RuntimeError(f"{variant.name} needs a LocalStack with a cluster (cluster_masters)")
+    standalone = stack.redis_urls[: variant.redis - 1]
+    return Members([stack.cluster.url, *standalone], standalone, stack.cluster_node_urls)
+
+
 # The local broker holds every fetch for its whole wait, even with records
 # ready (Apache Kafka answers at once); a short wait keeps that out of latency.
 FETCH_MAX_WAIT = "5ms"
@@ -130,7 +166,7 @@ def bench_config(
                   "group_id": f"bench-{clean}", "quarantine_topic": f"{clean}-quarantine",
                   "failure_topic": "bench-failures", "dead_letter_topic": "bench-dead-letter",
                   "fetch_max_wait": os.environ.get("BENCH_FETCH_MAX_WAIT", FETCH_MAX_WAIT)},
-        "redis": {"nodes": stack.redis_urls[: variant.redis]},
+        "redis": {"nodes": members(stack, variant).urls},
         "dedup": {"enabled": variant.dedup},
         "metrics": {"host": "127.0.0.1", "port": port},
         "log": {"level": "ERROR"},
@@ -219,10 +255,20 @@ async def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
         await admin.close()
 
 
+def _per_mark(
+    after: Sequence[dict[str, Any]], before: Sequence[dict[str, Any]], ids: int,
+    stat: str = "used_memory",
+) -> float:  # fmt: skip
+    """`stat`'s growth summed over these servers, per distinct id."""
+    growth = sum(float(a[stat]) - float(b[stat]) for a, b in zip(after, before, strict=True))
+    return growth / ids
+
+
 async def throughput(
     stack: LocalStack, variant: Variant, raw: PreparedTopic, round_no: int, progress: Progress
 ) -> ThroughputRun:
-    urls = stack.redis_urls[: variant.redis]
+    on = members(stack, variant)
+    urls = on.servers
     assert stack.broker is not None and stack.broker.proc is not None
     broker_pid = stack.broker.proc.pid
     await flush(urls)
@@ -262,6 +308,7 @@ async def throughput(
         after = await redis_info(urls)
     await delete_topics(stack.bootstrap, [clean, f"{clean}-quarantine"])
     expected_forwarded, expected_duplicates = raw.expected(variant)
+    clustered, ids = len(on.cluster_nodes), len(raw.traffic.unique_ids)
     return ThroughputRun(
         variant=variant.name, share=raw.share, round=round_no, records=total,
         seconds=seconds, gateway_cpu_s=cpu, redis_cpu_s=redis_cpu(after) - redis0,
@@ -270,10 +317,16 @@ async def throughput(
         duplicates=counts.duplicates_total(),
         expected_forwarded=expected_forwarded, expected_duplicates=expected_duplicates,
         bytes_per_mark=[
-            (a["used_memory"] - b["used_memory"]) / len(raw.traffic.unique_ids)
-            for a, b in zip(after, before, strict=True)
+            _per_mark([a], [b], ids)
+            for a, b in zip(after[clustered:], before[clustered:], strict=True)
             if variant.dedup
         ],
+        cluster_bytes_per_mark=[
+            _per_mark(after[:clustered], before[:clustered], ids)
+        ] if clustered and variant.dedup else [],
+        cluster_client_bytes_per_mark=[
+            _per_mark(after[:clustered], before[:clustered], ids, "mem_clients_normal")
+        ] if clustered and variant.dedup else [],
     )  # fmt: skip
 
 
@@ -328,8 +381,7 @@ async def latency(
     share: float, value_size: int,
 ) -> LatencyRun:  # fmt: skip
     """Offer `rate` records/s for `seconds` from a separate process; per-record latency."""
-    urls = stack.redis_urls[: variant.redis]
-    await flush(urls)
+    await flush(members(stack, variant).servers)
     tag = f"{variant.name}-{int(rate)}"
     raw, clean = f"latency-raw-{tag}", f"latency-clean-{tag}"
     await create_topics(stack.bootstrap, {raw: 4, clean: 4, f"{clean}-quarantine": 1})

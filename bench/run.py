@@ -1,6 +1,7 @@
 """`python -m bench`: every variant, A/B interleaved over several rounds, on the local stack.
 
-1. Start a broker and five redis-server processes (`devtools.localstack`).
+1. Start a broker and five redis-server processes (`devtools.localstack`),
+   and a 3-master Redis Cluster when a chosen variant has a cluster member.
 2. Fill one raw topic per duplicate share (and a smaller one for `naive`,
    which is ~20x slower) before any variant runs.
 3. Rounds: in each, every variant reads every share's topic once; the order
@@ -45,7 +46,7 @@ from bench.measure import (
     latency,
     throughput,
 )
-from bench.variants import FORWARDER, VARIANTS, Variant
+from bench.variants import CLUSTER_MASTERS, FORWARDER, VARIANTS, Variant
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import create_topics
 from devtools.traffic import produce_traffic
@@ -96,8 +97,10 @@ async def bench(opts: Options) -> report.Results:
     state = default_state_dir() / "bench"
     shutil.rmtree(state, ignore_errors=True)
     most_redis = max(v.redis for v in VARIANTS)
-    with LocalStack(state, redis_count=most_redis) as stack:
-        console.print(f"local stack: broker {stack.bootstrap}, {most_redis} redis-server")
+    masters = CLUSTER_MASTERS if any(v.cluster for v in _chosen(opts)) else 0
+    with LocalStack(state, redis_count=most_redis, cluster_masters=masters) as stack:
+        cluster = f", a {masters}-master Redis Cluster" if masters else ""
+        console.print(f"local stack: broker {stack.bootstrap}, {most_redis} redis-server{cluster}")
         topics = await prepare(stack, opts)
         runs: list[ThroughputRun] = []
         plan = [

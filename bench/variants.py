@@ -12,11 +12,15 @@
   benchmark's topic as the low lane under an empty high lane, so the lane
   scheduler (lag reads, pause checks) and the `dedup-lane` header run on
   every batch while nothing is held: what lanes cost;
+- `gateway-3-cluster`: gateway-3 whose first member is a 3-master Redis
+  Cluster (gateway/members.py: one script call per key group with records,
+  `[redis] cluster_groups` of them) beside two standalone members: what a
+  cluster member costs against a standalone one;
 - `gateway-3x1`, `gateway-3x2`: gateway-3 as a real `dedup-gateway run
   --workers 1|2` process tree (bench/processes.py), counted through the
   supervisor's /metrics: how the gateway scales over cores.
 
-The first six run in the benchmark's own process (same event loop, same
+The first seven run in the benchmark's own process (same event loop, same
 measuring overhead), so their ratios compare like with like.
 """
 
@@ -41,12 +45,13 @@ TAKEN = "taken"
 @dataclass(frozen=True)
 class Variant:
     name: str
-    redis: int  # instances the variant uses
+    redis: int  # quorum members the variant uses
     dedup: bool = True
     naive: bool = False
     kind: Literal["in-process", "ceiling", "processes"] = "in-process"
     workers: int = 1  # processes under the supervisor (kind "processes")
     lanes: bool = False  # the raw topic as the low lane under an empty high lane
+    cluster: bool = False  # the first member is the stack's Redis Cluster (CLUSTER_MASTERS)
 
     @property
     def fixed_load(self) -> bool:
@@ -55,6 +60,8 @@ class Variant:
         return self.kind != "processes" and not self.naive
 
 
+# Masters of the cluster member the stack starts when a chosen variant has one.
+CLUSTER_MASTERS = 3
 CEILING = Variant("client-ceiling", redis=1, dedup=False, kind="ceiling")
 FORWARDER = Variant("forwarder", redis=1, dedup=False)
 VARIANTS: tuple[Variant, ...] = (
@@ -65,6 +72,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("gateway-5", redis=5),
     Variant("naive-3", redis=3, naive=True),
     Variant("gateway-3-lanes", redis=3, lanes=True),
+    Variant("gateway-3-cluster", redis=3, cluster=True),
     Variant("gateway-3x1", redis=3, kind="processes", workers=1),
     Variant("gateway-3x2", redis=3, kind="processes", workers=2),
 )

@@ -297,11 +297,21 @@ class FailureLoop:
                     extra=_fields(cmd),
                 )  # fmt: skip
             else:
-                self.metrics.releases.labels("no_quorum").inc()
-                rewind: int = rec.offset
-                part.next_offset = rewind
-                return rewind
+                return self._undecided(part, rec, cmd, answers)
         return None
+
+    def _undecided(self, part: _Partition, rec: Record, cmd: Command, answers: list[int]) -> int:
+        """No majority of counted members agreed on a command: its partition waits there
+        (the offset to rewind to) and tries again after `backoff_initial`."""
+        self.metrics.releases.labels("no_quorum").inc()
+        logger.warning(
+            "no majority decided failure command %s for %s (counted answers %s, %d needed): "
+            "its partition waits", cmd.ref, cmd.readable_id, answers, self.quorum.majority,
+            extra=_fields(cmd),
+        )  # fmt: skip
+        rewind: int = rec.offset
+        part.next_offset = rewind
+        return rewind
 
     async def _hand_over(
         self, tp: TopicPartition, part: _Partition, valid: list[tuple[Record, Command]]
@@ -333,10 +343,7 @@ class FailureLoop:
                     extra=_fields(cmd),
                 )  # fmt: skip
             else:
-                self.metrics.releases.labels("no_quorum").inc()
-                rewind: int = rec.offset
-                part.next_offset = rewind
-                return rewind
+                return self._undecided(part, rec, cmd, answers)
         return None
 
     def _backoff(self, attempt: int) -> float:

@@ -88,7 +88,14 @@ T = TypeVar("T")
 Fill = tuple[bytes, str, str]
 # How long the first epoch reads at start may take (connect, load the script).
 FIRST_CONTACT_S = 2.0
+# Calls in flight at once to one cluster member: each holds a connection to its
+# master, so this bounds a gateway's connections per master (the groups of a batch
+# are called side by side, up to `[redis] cluster_groups` of them).
+CLUSTER_CALLS_IN_FLIGHT = 16
 Call = tuple[str, list[Any], list[Any]]  # a script's name, its keys and its arguments
+# A mark a rebuild writes: digest, owner, remaining ms, handover note ('-': none, '?': keep
+# the member's), its remaining ms.
+Imported = tuple[bytes, str, int, str, int]
 # Calls for one group, each with the positions (in the caller's list) of the items it carries.
 Planned = list[tuple[Call, Sequence[int]]]
 
@@ -128,6 +135,9 @@ class Instance:
     paused: bool = False  # `dedup-gateway member pause`: no claims, not counted
     down_groups: set[int] = field(default_factory=set)  # groups whose last call failed
     backlog: deque[Fill] = field(default_factory=deque)
+    in_flight: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(CLUSTER_CALLS_IN_FLIGHT)
+    )
 
     @property
     def cluster(self) -> bool:
@@ -692,18 +702,22 @@ class Quorum:
         return await self.run_script(inst, "export", [*layout, *cursor, budget], group=group)
 
     async def import_marks(
-        self, inst: Instance, epoch_id: str, marks: Sequence[tuple[bytes, str, int]]
+        self, inst: Instance, epoch_id: str, marks: Sequence[Imported]
     ) -> list[int] | str | None:
-        """Write (digest, owner, remaining ms) marks into `inst` (scripts.IMPORT): per mark
-        0 there already, 1 written, 2 rewritten; 'epoch' when its epoch changed (it lost
-        its data again); None for no answer."""
-        digests = [digest for digest, _, _ in marks]
+        """Write (digest, owner, remaining ms, handover note, its remaining ms) marks
+        into `inst` (scripts.IMPORT; note '-': none, '?': keep the member's): per mark
+        0 there already, 1 written, 2
+        rewritten; 'epoch' when its epoch changed (it lost its data again); None for no
+        answer."""
+        digests = [mark[0] for mark in marks]
         width = len(digests[0])
         flat = await self._in_chunks(
             inst, "import", digests,
             lambda items: [epoch_id, width, b"".join(digests[k] for k in items),
                            "".join(f"{marks[k][1]}," for k in items),
-                           "".join(f"{marks[k][2]}," for k in items)],
+                           "".join(f"{marks[k][2]}," for k in items),
+                           "".join(f"{marks[k][3]}," for k in items),
+                           "".join(f"{marks[k][4]}," for k in items)],
             width=1,
         )  # fmt: skip
         if flat is None:
@@ -827,7 +841,15 @@ class Quorum:
     ) -> list[Any]:
         """A cluster member's call: the Script object loads the script where a node
         lacks it (a new or failed-over master)."""
-        return [await inst.scripts[name](keys=keys, args=args)]
+        return [await self._script(inst, name, keys, args)]
+
+    async def _script(self, inst: Instance, name: str, keys: list[Any], args: list[Any]) -> Any:
+        """One EVALSHA (the script loaded where it is missing); for a cluster member
+        within its `CLUSTER_CALLS_IN_FLIGHT`."""
+        if not inst.cluster:
+            return await inst.scripts[name](keys=keys, args=args)
+        async with inst.in_flight:
+            return await inst.scripts[name](keys=keys, args=args)
 
     async def _pipelined(self, inst: Instance, calls: list[Call]) -> list[Any]:
         """EVALSHA per call in one pipeline. A script the member does not have (it
@@ -912,7 +934,7 @@ class Quorum:
         scripts, its slice meta for the others."""
         g = inst.groups[group]
         keys = [g.epoch_key if name.startswith("epoch") or name == "pause" else g.meta]
-        call = partial(inst.scripts[name], keys=keys, args=args)
+        call = partial(self._script, inst, name, keys, args)
         return await self._timed(inst, name, call, bound_s, group)
 
     async def _timed(

@@ -17,8 +17,11 @@ A rebuild shortens that to the copy time, while the gateways keep running:
 4. Set the member's epoch `trusted` (compare-and-set on the epoch read in 1);
    gateways count it again at their next epoch read (`[redis] ping_interval`).
 
-Handover notes (`<prefix>h:<digest>`, the failure loop's) are not copied: they
-live one command's retry at most, and a majority of instances holds them.
+Handover notes (`<prefix>h:<digest>`, the failure loop's) are copied with the
+marks they belong to (an absent one deleted): without them a replayed
+failure command would be "another copy" there and "redo" on the source, and
+with no third member to break that tie its partition would wait until the
+note expired (chaos seed 732, two members emptied).
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from typing import Any, Literal
 from gateway.config import Settings
 from gateway.keys import EPOCH_TRUSTED
 from gateway.metrics import Metrics
-from gateway.quorum import Instance, Quorum
+from gateway.quorum import Imported, Instance, Quorum
 from gateway.vote import leader
 
 OK, FAILED, USAGE = 0, 1, 2  # exit codes
+# A mark as a source exports it: owner, remaining ms, handover note ('' for none), its ms.
+Exported = tuple[str, int, str, int]
 
 # Buckets visited plus marks read per EXPORT call: a few ms of Redis work
 # (4-7 ms measured on a loaded 2-core machine, docs/operations.md).
@@ -135,8 +140,9 @@ async def _copy_from(
             if reply is None:
                 raise RebuildError(f"source {src.name} stopped answering")
             done, next_slice, next_shard, *flat = reply
-            found = {flat[i]: (flat[i + 1].decode(), int(flat[i + 2]))
-                     for i in range(0, len(flat), 3)}  # fmt: skip
+            found = {flat[i]: (flat[i + 1].decode(), int(flat[i + 2]), flat[i + 3].decode(),
+                               int(flat[i + 4]))
+                     for i in range(0, len(flat), 5)}  # fmt: skip
             if found:
                 await _copy_marks(quorum, target, epoch_id, found, others, sources[:n], report)
             if done:
@@ -145,14 +151,14 @@ async def _copy_from(
 
 
 async def _copy_marks(
-    quorum: Quorum, target: Instance, epoch_id: str, found: dict[bytes, tuple[str, int]],
+    quorum: Quorum, target: Instance, epoch_id: str, found: dict[bytes, Exported],
     others: Sequence[Instance], earlier: Sequence[Instance], report: Report,
 ) -> None:  # fmt: skip
     digests = list(found)
     views = await asyncio.gather(*(_lookup(quorum, o, digests) for o in others))
-    picks: list[tuple[bytes, str, int]] = []
+    picks: list[Imported] = []
     for j, digest in enumerate(digests):
-        owner, left = found[digest]
+        owner, left, note, note_left = found[digest]
         held = Counter([owner])
         lifetime = {owner: left}
         copied_before = False
@@ -167,11 +173,15 @@ async def _copy_marks(
             continue
         winner, marks = leader(held)
         report.ties += sum(1 for count in held.values() if count == marks) > 1
-        picks.append((digest, winner, lifetime[winner]))
+        # The source's handover note (or its absence: '-') goes with its own owner
+        # only; '?' leaves the member's as it is.
+        kept = (note or "-", note_left) if winner == owner else ("?", -2)
+        picks.append((digest, winner, lifetime[winner], *kept))
     report.marks_read += len(picks)
     if report.dry_run:
-        there_now = await _lookup(quorum, target, [d for d, _, _ in picks])
-        for (_, winner, _), (there, _) in zip(picks, there_now, strict=True):
+        there_now = await _lookup(quorum, target, [pick[0] for pick in picks])
+        for pick, (there, _) in zip(picks, there_now, strict=True):
+            winner = pick[1]
             _count(report, 0 if there == winner else 1 if there is None else 2)
         return
     if not picks:

@@ -392,7 +392,7 @@ return 1
 # current one) and shard ARGV[6]. ARGV[7] bounds a call's work (buckets
 # visited plus marks returned), so the call stays short. Reply: {1 when every
 # slice is done else 0, next slice, next shard, then digest, owner, bucket's
-# remaining ms, per mark}.
+# remaining ms, handover note ('' when none) and its remaining ms, per mark}.
 EXPORT = (
     READS
     + PRELUDE
@@ -413,10 +413,13 @@ for _, slice in ipairs(slices) do
       if #all > 0 then
         local left = redis.call('PTTL', bucket)
         for j = 1, #all, 2 do
-          local n = #out
+          local n, note = #out, prefix .. 'h:' .. all[j]
+          local by = redis.call('GET', note)
           out[n + 1] = all[j]
           out[n + 2] = all[j + 1]
           out[n + 3] = left
+          out[n + 4] = by or ''
+          out[n + 5] = by and redis.call('PTTL', note) or -2
         end
       end
       budget = budget - 1 - #all / 2
@@ -456,7 +459,11 @@ return out
 # instance's own are opened for that (`first` in the slice meta).
 # ARGV[5]: the epoch id the caller expects (nothing is written if it changed);
 # ARGV[6]: digest length L; ARGV[7]: the digests, concatenated; ARGV[8]: the
-# owners, each followed by ','; ARGV[9]: the remaining ms, each followed by ','.
+# owners, each followed by ','; ARGV[9]: the remaining ms, each followed by ',';
+# ARGV[10] and ARGV[11]: the handover notes and their remaining ms, each
+# followed by ',': the member's note becomes the source's (deleted for '-',
+# left alone for '?': the source does not hold the winner), so a replayed
+# failure command gets the same answer here as there.
 # Reply per digest: 0 already held by that owner, 1 written, 2 rewritten from
 # another owner. Or 'epoch:<epoch held>' when the epoch differs.
 IMPORT = (
@@ -469,9 +476,16 @@ local len, digests = tonumber(ARGV[6]), ARGV[7]
 local slices, at, now = open_slice()
 local cur = slices[1][3]
 local owners, lefts = string.gmatch(ARGV[8], '([^,]+),'), string.gmatch(ARGV[9], '([^,]+),')
+local notes, note_lefts = string.gmatch(ARGV[10], '([^,]+),'), string.gmatch(ARGV[11], '([^,]+),')
 local out, done = {}, {}
 for i = 1, #digests / len do
   local digest, owner, left = string.sub(digests, (i - 1) * len + 1, i * len), owners(), lefts()
+  local note, note_left = notes(), tonumber(note_lefts())
+  if note == '-' then
+    redis.call('DEL', prefix .. 'h:' .. digest)
+  elseif note ~= '?' and note_left > 0 then
+    redis.call('SET', prefix .. 'h:' .. digest, note, 'PX', note_left)
+  end
   local h = hash_of(digest)
   local bucket, held = find(slices, digest, h, 1)
   if held == owner then

@@ -49,6 +49,9 @@ from gateway.rebuild import rebuild
 from gateway.records import H_ERROR, H_SOURCE
 
 PROGRESS_DEADLINE_S = 60.0  # before each fault, the group must commit something new
+# No progress for this long: the operator looks (the quorum-lost alert) and follows
+# the rebuild runbook if a majority of members lost their marks.
+RUNBOOK_AFTER_S = 15.0
 SETTLE_DEADLINE_S = 150.0  # after the last fault, everything must be resolved
 STUCK_S = 60.0  # while settling: no offset, delivery or record moved this long (a killed
 # member's session, 20 s in the retry schedule, plus a rebalance the broker holds back)
@@ -194,7 +197,7 @@ class Run:
             asyncio.create_task(self._resender(traffic, standin, stop_all)),
         ]
         try:
-            await self._faults(traffic, standin, offsets, tasks)
+            await self._faults(traffic, standin, offsets, tasks, toml)
             for task in list(self.restorations.values()):
                 await task
             await self._runbook(toml)
@@ -247,11 +250,12 @@ class Run:
         standin: SparkStandIn,
         offsets: GroupOffsets,
         tasks: list[asyncio.Task[None]],
+        toml: Path,
     ) -> None:
         """Each step: wait for commits made after the previous fault, the step's pause, inject."""
         seen = 0
         for step in self.schedule.steps:
-            if await self._progress_since(seen, offsets, tasks, step) is None:
+            if await self._progress_since(seen, offsets, tasks, step, toml) is None:
                 return
             await asyncio.sleep(step.pause_s)  # the schedule's own pause
             await self._inject(step, traffic, standin)
@@ -260,15 +264,22 @@ class Run:
                 seen = max(seen, sum(committed.values()))
 
     async def _progress_since(
-        self, seen: int, offsets: GroupOffsets, tasks: list[asyncio.Task[None]], step: Step
-    ) -> int | None:
-        """Wait until the raw group committed more than `seen` records in total."""
-        deadline = self.clock.now() + PROGRESS_DEADLINE_S
+        self, seen: int, offsets: GroupOffsets, tasks: list[asyncio.Task[None]], step: Step,
+        toml: Path,
+    ) -> int | None:  # fmt: skip
+        """Wait until the raw group committed more than `seen` records in total; after
+        RUNBOOK_AFTER_S without, follow the rebuild runbook once."""
+        start = self.clock.now()
+        deadline, looked = start + PROGRESS_DEADLINE_S, False
         while self.clock.now() < deadline:
             self._check_tasks(tasks)
             committed = await offsets.raw_committed()
             if committed is not None and sum(committed.values()) > seen:
                 return sum(committed.values())
+            if not looked and self.clock.now() - start > RUNBOOK_AFTER_S:
+                looked = True
+                if await self._runbook(toml):
+                    deadline = self.clock.now() + PROGRESS_DEADLINE_S
             await asyncio.sleep(0.2)
         self.problems.append(
             Violation(
@@ -366,12 +377,12 @@ class Run:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
 
-    async def _runbook(self, toml: Path) -> None:
+    async def _runbook(self, toml: Path) -> bool:
         """What the operator does once the faults are over (docs/operations.md,
         "Rebuild runbook"): while the trusted members are fewer than a majority but
         some are, rebuild members that lost their marks from them. Two members
         emptied at once (profile `beyond`) stop the pipeline until then, as the
-        README says; the guarantees never need it."""
+        README says; the guarantees never need it. Whether it rebuilt any."""
         settings = load_settings(toml)
         quorum = Quorum(settings.redis, Metrics())
         try:
@@ -381,11 +392,12 @@ class Run:
         finally:
             await quorum.close()
         if trusted == 0 or trusted >= quorum.majority:
-            return
+            return False
         for name in recovering[: quorum.majority - trusted]:
             with contextlib.redirect_stdout(None):  # its report: the exit code says enough
                 code = await rebuild(settings, name, source=None, dry_run=False, output="json")
             self.event(f"runbook: `dedup-gateway rebuild {name}` exited {code}")
+        return True
 
     async def _settle(
         self,

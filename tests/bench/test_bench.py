@@ -48,10 +48,19 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     assert all(lat["correct"] and lat["samples"] > 0 for lat in written["latency"])
     assert all(lat["p99_added_ms"] is not None for lat in written["latency"])
     assert written["scaling"]["ratio"] > 0  # gateway-3x2 against gateway-3x1
+    # The cluster member's marks: on its masters, none on the stack's other servers.
+    assert written["cluster_bytes_per_mark"]["gateway-3-cluster"]["total"] > 0
+    cluster_runs = [r for r in runs if r["variant"] == "gateway-3-cluster"]
+    assert all(len(r["cluster_bytes_per_mark"]) == 1 for r in cluster_runs)
+    assert all(len(r["cluster_client_bytes_per_mark"]) == 1 for r in cluster_runs)
+    assert all(len(r["bytes_per_mark"]) == 2 for r in cluster_runs)  # the standalone two
+    (ratio,) = [t for t in written["targets"] if t["target"] == "gateway-3-cluster / gateway-3"]
+    assert ratio["measured"] > 0 and ratio["met"] is None  # reported, no goal
     assert (tmp_path / "out" / "results.png").stat().st_size > 10_000
     text = results_md.read_text()
     assert "kept text" in text and "| forwarder / client-ceiling |" in text
     assert "| gateway-3 p99 over broker-floor, ms | 500/s |" in text
+    assert "| gateway-3-cluster / gateway-3 |" in text and "cluster member (" in text
 
 
 def _run(variant: str, round_no: int, seconds: float) -> ThroughputRun:

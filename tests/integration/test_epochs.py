@@ -268,3 +268,30 @@ async def test_an_idle_gateway_notices_a_dead_member_and_its_empty_restart(
         assert m.quorum_healthy._value.get() == 0
         why = gateway.readiness()[1]
         assert "recovering" in why and label in why and servers[2].name_label in why
+
+
+async def test_a_rebuild_copies_handover_notes_so_a_replayed_command_is_redone_everywhere(
+    three: tuple[Servers, Settings, Quorum], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the note, the rebuilt member would call a replay of the command that
+    handed the mark over "another copy" (3) while the others say "redo" (2): with
+    two members emptied, that tie blocked the command partition (chaos seed 732)."""
+    servers, settings, quorum = three
+    digest = mark_digest(b"failed-1")
+    await quorum.claim([digest], ["1"])
+    command = (digest, "1", "2", "failures/0/5")
+    assert await quorum.handover([command]) == [[1], [1], [1]]
+    restart_empty(servers[1])
+    await ping_twice(quorum)
+    assert quorum.counted() == [True, False, True]
+    assert await rebuild(settings, servers[1].name_label, source=servers[0].name_label,
+                         dry_run=False, output="json") == 0  # fmt: skip
+    capsys.readouterr()
+    await quorum.check()
+    assert await quorum.handover([command]) == [[2], [2], [2]]  # a replay: redo, on each
+    (view, *_) = await quorum.inspect(digest)
+    note = b"dd:h:" + digest
+    async with aioredis.Redis(port=servers[1].port) as rebuilt:
+        assert await rebuilt.get(note) == b"failures/0/5"
+        assert 0 < await rebuilt.pttl(note) <= settings.redis.ttl.total_seconds() * 1000
+    assert view is not None and view.handed_over_by == "failures/0/5"
