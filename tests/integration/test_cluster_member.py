@@ -22,10 +22,10 @@ from devtools.harness import (
     produce,
     running,
 )
-from devtools.localstack import RedisClusterProcesses
+from devtools.localstack import ManagedProcess, RedisClusterProcesses
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
-from gateway.config import load_settings
+from gateway.config import Settings, load_settings
 from gateway.keys import mark_digest, owner_token
 from gateway.members import group_of
 from gateway.metrics import Metrics
@@ -64,15 +64,31 @@ async def keys_per_master(cluster: RedisClusterProcesses) -> list[int]:
     return sizes
 
 
+async def mixed_quorum(
+    broker: str, redis_servers: Any, redis_clusters: Any, names: Any, server: str,
+    **partitions: int,
+) -> tuple[Topics, RedisClusterProcesses, list[ManagedProcess], Settings]:  # fmt: skip
+    """Topics, and settings whose members are a 3-master cluster of `server` first,
+    then two standalone redis-servers."""
+    topics = Topics(names)
+    await topics.create(broker, **partitions)
+    cluster = redis_clusters(3, binary=server)
+    standalone = redis_servers(2)
+    settings = make_settings(broker, topics, [cluster.url, *redis_urls(standalone)])
+    return topics, cluster, standalone, settings
+
+
+def copies_of(ids: list[str]) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+    return [(b"k", b"v", [("message-id", i.encode())]) for i in ids]
+
+
 @pytest.mark.parametrize("server", SERVERS)
 async def test_each_id_forwarded_once_and_the_cluster_members_answers_count(
     broker, redis_servers, redis_clusters, names, server
 ):
-    topics = Topics(names)
-    await topics.create(broker)
-    cluster = redis_clusters(3, binary=server)
-    standalone = redis_servers(2)
-    settings = make_settings(broker, topics, [cluster.url, *redis_urls(standalone)])
+    topics, cluster, standalone, settings = await mixed_quorum(
+        broker, redis_servers, redis_clusters, names, server
+    )
     first = await produce_traffic(broker, topics.raw, 4000, duplicate_share=0.3, seed=11)
     async with running(settings) as gateway:
         await wait_committed(broker, topics.group, topics.raw, first.per_partition)
@@ -87,7 +103,7 @@ async def test_each_id_forwarded_once_and_the_cluster_members_answers_count(
         again = await produce_traffic(
             broker, topics.raw, 2000, duplicate_share=0.3, seed=12, id_prefix="n"
         )
-        replays = [(b"k", b"v", [("message-id", i.encode())]) for i in ids[:500]]
+        replays = copies_of(ids[:500])
         await produce(broker, topics.raw, replays)
         done = {p: first.per_partition[p] + again.per_partition[p] for p in first.per_partition}
         done[0] += len(replays)
@@ -103,13 +119,13 @@ async def test_each_id_forwarded_once_and_the_cluster_members_answers_count(
 async def test_the_failure_loop_hands_a_mark_over_on_the_cluster_member(
     broker, redis_servers, redis_clusters, names, server
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    cluster = redis_clusters(3, binary=server)
-    settings = make_settings(
-        broker, topics, [cluster.url, *redis_urls(redis_servers(2))],
-        failures={"mode": "retry", "backoff_initial": "10ms", "backoff_max": "50ms"},
+    topics, _, _, settings = await mixed_quorum(
+        broker, redis_servers, redis_clusters, names, server, raw_partitions=1,
+        clean_partitions=1,
     )  # fmt: skip
+    settings.failures.mode = "retry"
+    settings.failures.backoff_initial = timedelta(milliseconds=10)
+    settings.failures.backoff_max = timedelta(milliseconds=50)
     message = (b"k", b"v", [("message-id", b"c-1")])
     async with running(settings) as gateway:
         await produce(broker, topics.raw, [message])
@@ -131,10 +147,9 @@ async def test_the_failure_loop_hands_a_mark_over_on_the_cluster_member(
 async def test_a_cluster_node_restarting_empty_makes_the_member_recovering_until_rebuilt(
     broker, redis_servers, redis_clusters, names, server
 ):
-    topics = Topics(names)
-    await topics.create(broker)
-    cluster = redis_clusters(3, binary=server)
-    settings = make_settings(broker, topics, [cluster.url, *redis_urls(redis_servers(2))])
+    topics, cluster, _, settings = await mixed_quorum(
+        broker, redis_servers, redis_clusters, names, server
+    )
     settings.redis.ping_interval = timedelta(milliseconds=200)
     first = await produce_traffic(broker, topics.raw, 3000, duplicate_share=0.3, seed=21)
     async with running(settings) as gateway:
@@ -159,7 +174,7 @@ async def test_a_cluster_node_restarting_empty_makes_the_member_recovering_until
         assert recovering._value.get() == 1
         # Copies of old ids still come out once: the two standalone members decide.
         every = sorted(first.unique_ids | during.unique_ids)
-        replays = [(b"k", b"v", [("message-id", i.encode())]) for i in every]
+        replays = copies_of(every)
         await produce(broker, topics.raw, replays)
         done[0] += len(replays)
         await wait_committed(broker, topics.group, topics.raw, done)
@@ -177,11 +192,9 @@ async def test_a_cluster_node_restarting_empty_makes_the_member_recovering_until
 async def test_resharding_a_paused_cluster_member_while_records_flow_loses_and_repeats_nothing(
     broker, redis_servers, redis_clusters, names, server
 ):
-    topics = Topics(names)
-    await topics.create(broker)
-    cluster = redis_clusters(3, binary=server)
-    standalone = redis_servers(2)
-    settings = make_settings(broker, topics, [cluster.url, *redis_urls(standalone)])
+    topics, cluster, standalone, settings = await mixed_quorum(
+        broker, redis_servers, redis_clusters, names, server
+    )
     settings.redis.cluster_groups = 16
     member = cluster.name_label
     first = await produce_traffic(broker, topics.raw, 3000, duplicate_share=0.3, seed=31)
@@ -211,7 +224,7 @@ async def test_resharding_a_paused_cluster_member_while_records_flow_loses_and_r
         # in the moved groups and those it missed while paused are all there.
         standalone[0].kill()
         every = sorted(first.unique_ids | second.unique_ids)
-        replays = [(b"k", b"v", [("message-id", i.encode())]) for i in every]
+        replays = copies_of(every)
         await produce(broker, topics.raw, replays)
         done[0] += len(replays)
         await wait_committed(broker, topics.group, topics.raw, done)
