@@ -229,3 +229,29 @@ async def test_redrive_leaves_a_dead_letter_no_majority_released_and_redrives_it
     assert [dict(c.headers)["dedup-source"] for c in clean_copies] == [
         f"{topics.raw}/0/0".encode(), f"{topics.raw}/0/1".encode(),
     ]  # fmt: skip
+
+
+async def test_pause_is_refused_when_the_rest_are_no_majority_and_resume_counts_it_again(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    servers = redis_servers(3)
+    config = write_toml(tmp_path / "g.toml", make_settings(broker, topics, redis_urls(servers)))
+    member, other = servers[0].name_label, servers[1].name_label
+    paused = await cli(config, "pause", other)
+    assert paused.returncode == 0 and f"{other}: paused" in paused.stdout
+    refused = await cli(config, "pause", member, "--output", "json")
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout)["error"].startswith("refused: only 1 other members")
+    assert (await cli(config, "pause", member, "--force")).returncode == 0
+    quorum = Quorum(make_settings(broker, topics, redis_urls(servers)).redis, Metrics())
+    try:
+        await quorum.refresh_epochs()
+        assert quorum.counted() == [False, False, True] and not quorum.healthy
+        for name in (member, other):
+            assert (await cli(config, "resume", name)).returncode == 0
+        await quorum.refresh_epochs()
+        assert quorum.counted() == [True, True, True] and quorum.healthy
+    finally:
+        await quorum.close()
+    assert (await cli(config, "pause", "nowhere:1/0")).returncode == 2
