@@ -211,6 +211,26 @@ class _Due:
     fetch_failures: int = field(default=0, compare=False)
 
 
+def handover_decision(answers: Sequence[int], majority: int) -> str:
+    """What to do with a failure command, from the counted members' HANDOVER replies
+    (scripts.HANDOVER): "act" (hand over and retry or dead-letter), "skip" (stale, or
+    another copy's, or done) or "wait" (no majority yet: retry the command later).
+
+    A 4 ("this command's effect is done") is written only after the effect was
+    acknowledged, so one member saying so settles it: a member that missed that note
+    (it gave no answer to `mark_done`) says 2 ("redo") instead, and with a third
+    member recovering that 2:4 tie would hold the command partition forever (chaos
+    seed 1)."""
+    if 4 in answers:
+        return "skip"
+    act = sum(1 for a in answers if a in (1, 2))
+    if act >= majority:
+        return "act"
+    if len(answers) - act >= majority:
+        return "skip"
+    return "wait"
+
+
 class FailureLoop:
     def __init__(
         self, settings: Settings, quorum: Quorum, producer: AIOKafkaProducer, metrics: Metrics
@@ -329,14 +349,13 @@ class FailureLoop:
         now = time.monotonic()
         for j, (rec, cmd) in enumerate(valid):
             answers = [a for r in replies if (a := r[j]) is not None]
-            act = sum(1 for a in answers if a in (1, 2))
-            skip = len(answers) - act
-            if act >= self.quorum.majority:
+            decision = handover_decision(answers, self.quorum.majority)
+            if decision == "act":
                 self.metrics.releases.labels("released").inc()
                 dead = cmd.attempt >= self.failures.max_attempts
                 delay = 0.0 if dead else self._backoff(cmd.attempt)
                 self._schedule(_Due(now + delay, self._next_seq(), cmd, tp, rec.offset, dead, part))
-            elif skip >= self.quorum.majority:
+            elif decision == "skip":
                 self.metrics.releases.labels("stale").inc()
                 logger.info(
                     "stale or repeated command for %s (%s): skipped", cmd.readable_id, cmd.ref,
