@@ -197,6 +197,9 @@ class _Partition:
 
     pending: set[int] = field(default_factory=set)  # commands whose effect is scheduled
     next_offset: int | None = None  # after the last command handled
+    # Below it, invalid commands were counted and logged already: a partition that
+    # waits for a majority reads them again at every retry.
+    reported_upto: int = 0
 
 
 @dataclass(order=True)
@@ -283,17 +286,21 @@ class FailureLoop:
         """Act on one partition's commands in order; the offset to rewind to, if undecided."""
         valid: list[tuple[Record, Command]] = []
         for rec in records:
+            new = rec.offset >= part.reported_upto
             try:
                 cmd = parse_command(rec)
             except InvalidCommand as exc:
-                self._invalid(rec, exc.reason, str(exc).removeprefix(f"{exc.reason}: "))
+                if new:
+                    self._invalid(rec, exc.reason, str(exc).removeprefix(f"{exc.reason}: "))
                 continue
             if self.failures.mode == "retry" and cmd.topic not in self.raw_topics:
                 # Nothing to read back (a release needs only the token, whatever the topic).
-                self._invalid(cmd, "unknown_source", f"{cmd.topic!r} is not a raw topic")
+                if new:
+                    self._invalid(cmd, "unknown_source", f"{cmd.topic!r} is not a raw topic")
                 continue
             valid.append((rec, cmd))
         part.next_offset = records[-1].offset + 1
+        part.reported_upto = max(part.reported_upto, part.next_offset)
         if not valid:
             return None
         if self.failures.mode == "release":

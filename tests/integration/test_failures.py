@@ -324,3 +324,35 @@ async def test_a_rebalance_of_the_command_group_hands_scheduled_retries_to_the_n
     assert Counter(dict(c.headers)["dedup-id"] for c in copies if attempt_of(c) == 2) == {
         b"m-1": 1, b"m-2": 1,
     }  # fmt: skip
+
+
+async def test_an_invalid_command_behind_one_that_waits_for_a_majority_is_counted_once(
+    broker, redis_servers, names
+):
+    """A partition waiting for a majority reads the commands behind the waiting one
+    again at every retry; an invalid one among them is counted and logged once."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    servers = redis_servers(3)
+    settings = make_settings(
+        broker, topics, redis_urls(servers),
+        failures={"mode": "retry", "backoff_initial": "10ms", "backoff_max": "50ms"},
+    )  # fmt: skip
+    async with running(settings) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [copy_of("m-1")])
+        (first,) = await clean_copies(broker, topics, count=1)
+        for server in servers[1:]:
+            server.pause()  # hung: no majority answers the handover
+        try:
+            await produce(
+                broker, topics.failures, [failure_command(first, "boom"), (b"k", b"not json", [])]
+            )
+            await eventually(lambda: counter_value(m.releases, "no_quorum") >= 3, 40)
+            assert counter_value(m.invalid_commands, "not_json") == 1
+        finally:
+            for server in servers[1:]:
+                server.resume()
+        await eventually(lambda: counter_value(m.retries, "2") == 1, 40)
+        await wait_committed(broker, f"{topics.group}.failures", topics.failures, {0: 2})
+    assert counter_value(m.invalid_commands, "not_json") == 1
