@@ -88,10 +88,6 @@ T = TypeVar("T")
 Fill = tuple[bytes, str, str]
 # How long the first epoch reads at start may take (connect, load the script).
 FIRST_CONTACT_S = 2.0
-# Calls in flight at once to one cluster member: each holds a connection to its
-# master, so this bounds a gateway's connections per master (the groups of a batch
-# are called side by side, up to `[redis] cluster_groups` of them).
-CLUSTER_CALLS_IN_FLIGHT = 16
 Call = tuple[str, list[Any], list[Any]]  # a script's name, its keys and its arguments
 # A mark a rebuild writes: digest, owner, remaining ms, handover note ('-': none, '?': keep
 # the member's), its remaining ms.
@@ -135,9 +131,6 @@ class Instance:
     paused: bool = False  # `dedup-gateway member pause`: no claims, not counted
     down_groups: set[int] = field(default_factory=set)  # groups whose last call failed
     backlog: deque[Fill] = field(default_factory=deque)
-    in_flight: asyncio.Semaphore = field(
-        default_factory=lambda: asyncio.Semaphore(CLUSTER_CALLS_IN_FLIGHT)
-    )
 
     @property
     def cluster(self) -> bool:
@@ -844,12 +837,10 @@ class Quorum:
         return [await self._script(inst, name, keys, args)]
 
     async def _script(self, inst: Instance, name: str, keys: list[Any], args: list[Any]) -> Any:
-        """One EVALSHA (the script loaded where it is missing); for a cluster member
-        within its `CLUSTER_CALLS_IN_FLIGHT`."""
-        if not inst.cluster:
-            return await inst.scripts[name](keys=keys, args=args)
-        async with inst.in_flight:
-            return await inst.scripts[name](keys=keys, args=args)
+        """One EVALSHA (the script loaded where it is missing). A cluster member's
+        calls are not queued behind each other: a bound on them let the calls to a
+        dead master hold back the live masters' until they timed out too."""
+        return await inst.scripts[name](keys=keys, args=args)
 
     async def _pipelined(self, inst: Instance, calls: list[Call]) -> list[Any]:
         """EVALSHA per call in one pipeline. A script the member does not have (it
