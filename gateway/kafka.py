@@ -110,7 +110,9 @@ def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:
         # The sink hands over whole per-partition batches: lingering could only
         # add latency, never batch more (bench/RESULTS.md, latency).
         linger_ms=0,
-        max_batch_size=1_000_000,
+        # A batch is what the broker judges against its limit: never over it
+        # (gateway/sink.py relies on this to judge sizes once per batch).
+        max_batch_size=min(1_000_000, kafka.max_request_bytes),
         max_request_size=kafka.max_request_bytes,
     )
 

@@ -4,8 +4,8 @@ Partitioning: by key (murmur2, as the Java client, so the clean topic keeps
 per-key order); a keyless record keeps its source partition number (modulo the
 target's partition count), so per-partition order carries over too.
 
-A record the broker would refuse as too large (over `[kafka] max_request_bytes`)
-is never sent: a copy cut down to fit goes to the quarantine topic instead,
+A record the broker would refuse as too large (its batch over `[kafka]
+max_request_bytes`) is never sent: a copy cut down to fit goes to the quarantine topic instead,
 with reason `too_large` (counted and logged with its `dedup-source`), so no
 record can stop the process. The pipeline judges sizes before the vote; this
 is the backstop for the failure loop's retries and dead letters, which carry
@@ -18,10 +18,12 @@ import asyncio
 import logging
 import struct
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.producer.message_accumulator import BatchBuilder
 
 from gateway.config import KafkaSettings
 from gateway.metrics import Metrics
@@ -59,6 +61,26 @@ def murmur2(data: bytes) -> int:
     return h ^ (h >> 15)
 
 
+def fill(batch: BatchBuilder, rows: Sequence[OutRow], start: int) -> int:
+    """Append `rows[start:]` to an empty `batch` until it is full; the index of the
+    first row left out (`len(rows)`: none). Always takes `rows[start]`.
+
+    Calls aiokafka's record builder (Cython) directly: `BatchBuilder.append` is a
+    Python wrapper around it that costs ~0.15 µs per record (bench/RESULTS.md).
+    aiokafka is pinned to 0.14.x; `tests/unit/test_sink.py` checks the batch is
+    byte for byte what `BatchBuilder.append` builds.
+    """
+    append = batch._builder.append
+    offset = 0
+    for key, value, timestamp_ms, headers, _ in islice(rows, start, None):
+        if append(offset, timestamp_ms, key, value, headers) is None:
+            break
+        offset += 1
+    batch._relative_offset = offset
+    batch.close()  # nothing more goes in: the producer's own `send` could not add to it
+    return start + offset
+
+
 class Sink:
     def __init__(self, producer: AIOKafkaProducer, kafka: KafkaSettings, metrics: Metrics) -> None:
         self.producer = producer
@@ -82,13 +104,8 @@ class Sink:
         count = len(parts)
         by_partition: dict[int, list[OutRow]] = defaultdict(list)
         key_hash = self._key_hash
-        max_bytes = self.max_bytes
-        too_large: list[OutRow] = []
         for rec in records:
             key = rec[0]
-            if record_size(key, rec[1], rec[3]) > max_bytes:
-                too_large.append(rec)
-                continue
             if key is None:
                 index = rec[4]  # the source partition
             elif (index := key_hash.get(key, -1)) < 0:
@@ -98,24 +115,39 @@ class Sink:
             by_partition[parts[index % count]].append(rec)
 
         futures: list[asyncio.Future[Any]] = []
+        too_large: list[OutRow] = []
         for partition, recs in by_partition.items():
-            batch = self.producer.create_batch()
-            for key, value, timestamp_ms, headers, _ in recs:
-                if (
-                    batch.append(key=key, value=value, timestamp=timestamp_ms, headers=headers)
-                    is None
-                ):  # batch full: ship it, start another
-                    futures.append(
-                        await self.producer.send_batch(batch, topic, partition=partition)
-                    )
-                    batch = self.producer.create_batch()
-                    batch.append(key=key, value=value, timestamp=timestamp_ms, headers=headers)
-            futures.append(await self.producer.send_batch(batch, topic, partition=partition))
+            at = 0
+            while at < len(recs):
+                batch = self.producer.create_batch()
+                end = fill(batch, recs, at)
+                futures += await self._ship(batch, topic, partition, recs[at], too_large)
+                at = end
         if too_large:  # the copies fit (a reason and a source within 1 KiB): no deeper recursion
             futures += await self.send(
                 self.quarantine_topic, [self._refused(topic, OutRecord(*rec)) for rec in too_large]
             )
         return futures
+
+    async def _ship(
+        self,
+        batch: BatchBuilder,
+        topic: str,
+        partition: int,
+        first: OutRow,
+        too_large: list[OutRow],
+    ) -> list[asyncio.Future[Any]]:
+        """Send `batch`, unless the broker would refuse it; then it holds one record,
+        `first`, which goes on `too_large` instead.
+
+        Judged once per batch, not per record: the producer's batches are at most
+        `max_request_bytes` (`build_producer`), and a builder only goes past its
+        limit with its first record, which then ends it.
+        """
+        if batch.size() > self.max_bytes:
+            too_large.append(first)
+            return []
+        return [await self.producer.send_batch(batch, topic, partition=partition)]
 
     def _refused(self, topic: str, rec: OutRecord) -> OutRecord:
         size = record_size(rec.key, rec.value, rec.headers)
