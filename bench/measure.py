@@ -298,9 +298,10 @@ async def throughput(
         t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
         redis0 = redis_cpu(await redis_info(urls))
 
-        def finished() -> bool:
-            progress(counts.handled())
-            return counts.handled() >= total
+        def finished() -> bool:  # polled every 10 ms: one read of the counters (~75 µs)
+            handled = counts.handled()
+            progress(handled)
+            return handled >= total
 
         await until(task, finished)
         seconds, cpu = time.perf_counter() - t0, cpu_of() - cpu0

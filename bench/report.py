@@ -78,6 +78,17 @@ class Results:
             float(getattr(r, attr)) / r.records * 1e6 for r in self.of(variant, share)
         )
 
+    def redis_us_per_new_id(self, variant: str) -> tuple[str, float] | None:
+        """(where, Redis CPU µs per new id per instance): at 0% duplicates, where every
+        record is a new id; else at the target share, the duplicates' lookups charged
+        to the new ids."""
+        instances = int(variant.rsplit("-", 1)[1])
+        share = 0.0 if 0.0 in self.shares else self.target_share
+        if not self.of(variant, share) or share >= 1:
+            return None
+        cost = self.per_million(variant, share, "redis_cpu_s") / instances / (1 - share)
+        return f"per instance, {share:.0%} dups", cost
+
     def bytes_per_mark(self, variant: str) -> float | None:
         """Per standalone instance, median over instances and runs."""
         values = [b for r in self.runs if r.variant == variant for b in r.bytes_per_mark]
@@ -125,13 +136,18 @@ class Results:
             if (lat := self.latency("gateway-3", load)) is not None:
                 rows.append(("gateway-3 p99 over broker-floor, ms", load, "<= 25",
                              self.added(lat, 99), lambda v: v <= 25))  # fmt: skip
+        if (cost := self.redis_us_per_new_id("gateway-3")) is not None:
+            rows.append(("Redis CPU per new id, µs", cost[0], "<= 4", cost[1],
+                         lambda v: v <= 4))  # fmt: skip
         if (mark := self.bytes_per_mark("gateway-3")) is not None:
-            rows.append(("Redis bytes per mark", "per instance", "<= 100", mark,
-                         lambda v: v <= 100))  # fmt: skip
+            rows.append(("Redis bytes per mark", "per instance", "<= 45", mark,
+                         lambda v: v <= 45))  # fmt: skip
         if (mark := self.cluster_bytes_per_mark("gateway-3-cluster")) is not None:
+            # Reported: the goal is per instance; a cluster member's masters each hold a
+            # share of the buckets, few marks per bucket at this run's size.
             rows.append(("Redis bytes per mark, gateway-3-cluster",
-                         f"cluster member ({CLUSTER_MASTERS} masters summed)", "<= 100", mark,
-                         lambda v: v <= 100))  # fmt: skip
+                         f"cluster member ({CLUSTER_MASTERS} masters summed)", NO_GOAL, mark,
+                         lambda v: None))  # fmt: skip
         return [
             {"target": name, "where": where, "goal": goal, "measured": value, "met": met(value)}
             for name, where, goal, value, met in rows
