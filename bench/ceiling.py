@@ -8,6 +8,12 @@ header, no pipelining: the most any aiokafka-based gateway can do with the same
 broker and machine (ENVIRONMENT.md, "The client ceiling"). It is built from
 the gateway's own client options (`gateway.kafka`) and counts into the same
 `Metrics`, so the benchmark measures it exactly like a gateway.
+
+`client-ceiling-headers` (opt-in: `--variants client-ceiling-headers ...`) is
+the same loop adding three headers the size of the gateway's `dedup-id`,
+`dedup-source` and `dedup-token` to every record, built in one comprehension
+per partition batch: what the clean-record contract costs the client and the
+broker, apart from everything else the gateway does.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import contextlib
 import time
 from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 
 from gateway.config import Settings
 from gateway.kafka import build_consumer, build_producer
@@ -27,9 +33,12 @@ FETCH_TIMEOUT_MS = 100
 
 
 class ClientCeiling:
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics | None = None, headers: bool = False
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
+        self.headers = headers  # add three headers like the gateway's (client-ceiling-headers)
         self._assigned: set[TopicPartition] = set()
 
     def partitions(self) -> set[TopicPartition]:
@@ -63,21 +72,17 @@ class ClientCeiling:
                 futures: list[asyncio.Future[Any]] = []
                 for tp, records in batch.items():
                     out = producer.create_batch()
-                    for r in records:  # (the batch builder takes headers as a list only)
-                        appended = out.append(
-                            key=r.key, value=r.value, timestamp=r.timestamp, headers=list(r.headers)
-                        )
+                    headers = self._headers(tp, records)
+                    for r, h in zip(records, headers, strict=True):
+                        appended = out.append(key=r.key, value=r.value, timestamp=r.timestamp,
+                                              headers=h)  # fmt: skip
                         if appended is None:  # full: ship it, start another
                             futures.append(
                                 await producer.send_batch(out, clean, partition=tp.partition)
                             )
                             out = producer.create_batch()
-                            out.append(
-                                key=r.key,
-                                value=r.value,
-                                timestamp=r.timestamp,
-                                headers=list(r.headers),
-                            )
+                            out.append(key=r.key, value=r.value, timestamp=r.timestamp,
+                                       headers=h)  # fmt: skip
                     futures.append(await producer.send_batch(out, clean, partition=tp.partition))
                 await asyncio.gather(*futures)
                 now_ms = time.time() * 1000
@@ -85,3 +90,18 @@ class ClientCeiling:
                     self.metrics.observe_forward_latency(now_ms, [r.timestamp for r in records])
                 await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in batch.items()})
                 self.metrics.forwarded.inc(sum(len(r) for r in batch.values()))
+
+    def _headers(
+        self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]
+    ) -> list[list[tuple[str, bytes]]]:
+        """Each record's headers as the list the batch builder takes; with `headers`,
+        plus an id (the first header's value), a source reference and a 19-digit token."""
+        if not self.headers:
+            return [list(r.headers) for r in records]
+        prefix = f"{tp.topic}/{tp.partition}/".encode()
+        return [
+            [*r.headers, ("dedup-id", r.headers[0][1] if r.headers else b""),
+             ("dedup-source", b"%b%d" % (prefix, r.offset)),
+             ("dedup-token", b"%019d" % (r.offset * 7919))]
+            for r in records
+        ]  # fmt: skip

@@ -123,6 +123,8 @@ class Results:
         rows: list[tuple[str, str, str, float | None, Callable[[float], bool | None]]] = [
             ("forwarder / client-ceiling", f"{share:.0%} dups", ">= 0.6",
              self.ratio(FORWARDER.name, CEILING.name, share), lambda v: v >= 0.6),
+            ("forwarder / client-ceiling-headers", f"{share:.0%} dups", NO_GOAL,
+             self.ratio(FORWARDER.name, "client-ceiling-headers", share), lambda v: None),
             ("gateway-3 / forwarder", f"{share:.0%} dups", ">= 0.75",
              self.ratio("gateway-3", FORWARDER.name, share), lambda v: v >= 0.75),
             ("gateway-5 / gateway-3", f"{share:.0%} dups", ">= 0.8",

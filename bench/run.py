@@ -209,7 +209,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
                         help="keep CPython's default garbage collection thresholds in this "
                              "process (the gateway tunes them: gateway/cli.py)")  # fmt: skip
     names = [v.name for v in VARIANTS]
-    parser.add_argument("--variants", nargs="+", choices=names, default=names,
+    defaults = [v.name for v in VARIANTS if not v.opt_in]
+    parser.add_argument("--variants", nargs="+", choices=names, default=defaults,
                         help="run only these (the targets need all of them)")  # fmt: skip
     args = parser.parse_args(argv)
     if any(not 0 <= s < 1 for s in args.shares):

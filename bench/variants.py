@@ -2,6 +2,9 @@
 
 - `client-ceiling`: a bare aiokafka loop that re-produces records untouched
   (bench/ceiling.py): the most any aiokafka-based gateway can do here;
+- `client-ceiling-headers` (opt-in, not in the default set): the same loop
+  adding three headers the size of the gateway's `dedup-*` ones: what the
+  clean-record contract alone costs the client and the broker;
 - `forwarder`: the gateway's own process and data path (consumer, ids, tokens,
   headers, batches, producer, commits) with dedup switched off, no Redis call;
 - `gateway-N`: the product, one CLAIM script call per instance per batch, the
@@ -52,6 +55,8 @@ class Variant:
     workers: int = 1  # processes under the supervisor (kind "processes")
     lanes: bool = False  # the raw topic as the low lane under an empty high lane
     cluster: bool = False  # the first member is the stack's Redis Cluster (CLUSTER_MASTERS)
+    headers: bool = False  # the ceiling adds three headers like the gateway's
+    opt_in: bool = False  # run only when named in --variants
 
     @property
     def fixed_load(self) -> bool:
@@ -66,6 +71,9 @@ CEILING = Variant("client-ceiling", redis=1, dedup=False, kind="ceiling")
 FORWARDER = Variant("forwarder", redis=1, dedup=False)
 VARIANTS: tuple[Variant, ...] = (
     CEILING,
+    Variant(
+        "client-ceiling-headers", redis=1, dedup=False, kind="ceiling", headers=True, opt_in=True
+    ),
     FORWARDER,
     Variant("gateway-1", redis=1),
     Variant("gateway-3", redis=3),
@@ -115,6 +123,6 @@ def build_subject(
     """An in-process variant, counting into `metrics`."""
     metrics = metrics or Metrics()
     if variant.kind == "ceiling":
-        return ClientCeiling(settings, metrics)
+        return ClientCeiling(settings, metrics, headers=variant.headers)
     quorum = NaiveQuorum(settings.redis, metrics) if variant.naive else None
     return Gateway(settings, quorum=quorum, metrics=metrics)

@@ -1,0 +1,28 @@
+"""`python -m bench.datapath` runs, checks its own counts and prints its figure."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench import datapath
+
+
+def test_the_data_path_benchmark_forwards_every_record_and_reports_its_cost(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    datapath.main(["--records", "4000", "--batch", "1000", "--rounds", "2"])
+    out = capsys.readouterr().out
+    found = re.search(r"([0-9.]+) µs of CPU per record \(median of 2 rounds of 4,000", out)
+    assert found is not None, out
+    assert float(found.group(1)) > 0
+
+
+def test_the_batches_hold_each_partitions_offsets_once_in_order() -> None:
+    work = datapath.batches(4000, 1000)
+    assert len(work) == 4
+    for p in range(datapath.PARTITIONS):
+        offsets = [r.offset for batch in work for tp, rs in batch.items() if tp.partition == p
+                   for r in rs]  # fmt: skip
+        assert offsets == list(range(1000))
