@@ -4,12 +4,12 @@ Partitioning: by key (murmur2, as the Java client, so the clean topic keeps
 per-key order); a keyless record keeps its source partition number (modulo the
 target's partition count), so per-partition order carries over too.
 
-A record the broker would refuse as too large (its batch over `[kafka]
-max_request_bytes`) is never sent: a copy cut down to fit goes to the quarantine topic instead,
-with reason `too_large` (counted and logged with its `dedup-source`), so no
-record can stop the process. The pipeline judges sizes before the vote; this
-is the backstop for the failure loop's retries and dead letters, which carry
-more headers than the raw record.
+A record the broker would refuse as too large (alone in a batch over `[kafka]
+max_request_bytes`) is never sent: a copy cut down to fit goes to the
+quarantine topic instead, with reason `too_large` (counted and logged with its
+`dedup-source`), so no record can stop the process. The pipeline judges sizes
+before the vote; this is the backstop for the failure loop's retries and dead
+letters, which carry more headers than the raw record.
 """
 
 from __future__ import annotations
@@ -137,14 +137,14 @@ class Sink:
         first: OutRow,
         too_large: list[OutRow],
     ) -> list[asyncio.Future[Any]]:
-        """Send `batch`, unless the broker would refuse it; then it holds one record,
-        `first`, which goes on `too_large` instead.
+        """Send `batch`, unless it is one record, `first`, that the broker would refuse:
+        that one goes on `too_large` instead.
 
         Judged once per batch, not per record: the producer's batches are at most
         `max_request_bytes` (`build_producer`), and a builder only goes past its
         limit with its first record, which then ends it.
         """
-        if batch.size() > self.max_bytes:
+        if batch.size() > self.max_bytes and batch.record_count() == 1:
             too_large.append(first)
             return []
         return [await self.producer.send_batch(batch, topic, partition=partition)]
