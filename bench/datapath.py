@@ -34,18 +34,25 @@ Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
 class BuildingProducer:
-    """The sink's producer: builds every batch (as sending does), acknowledges at once."""
+    """A stand-in for the sink's producer: builds each batch (as sending does) of up
+    to `batch_bytes`, acknowledges it at once, and keeps (topic, records) of each."""
+
+    def __init__(self, partitions: int = PARTITIONS, batch_bytes: int = 1_000_000) -> None:
+        self.partitions = partitions
+        self.batch_bytes = batch_bytes
+        self.sent: list[tuple[str, int]] = []
 
     def create_batch(self) -> BatchBuilder:
-        return BatchBuilder(1_000_000, 0)
+        return BatchBuilder(self.batch_bytes, 0)
 
     async def partitions_for(self, topic: str) -> set[int]:
-        return set(range(PARTITIONS))
+        return set(range(self.partitions))
 
     async def send_batch(
         self, batch: BatchBuilder, topic: str, *, partition: int
     ) -> asyncio.Future[Any]:
         batch._build()
+        self.sent.append((topic, batch.record_count()))
         acknowledged: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         acknowledged.set_result(None)
         return acknowledged

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from aiokafka.producer.message_accumulator import BatchBuilder
 
+from bench.datapath import BuildingProducer
 from gateway.config import KafkaSettings
 from gateway.kafka import build_producer
 from gateway.metrics import Metrics
@@ -72,30 +73,10 @@ async def test_the_producer_never_builds_a_batch_over_max_request_bytes():
         await producer.stop()
 
 
-class RecordingProducer:
-    """Builds batches of up to 1,000,000 bytes (not `build_producer`'s) and keeps what
-    is sent, acknowledged at once."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, int]] = []  # (topic, records)
-
-    def create_batch(self) -> BatchBuilder:
-        return BatchBuilder(1_000_000, 0)
-
-    async def partitions_for(self, topic: str) -> set[int]:
-        return {0}
-
-    async def send_batch(self, batch: BatchBuilder, topic: str, *, partition: int) -> Any:
-        self.sent.append((topic, batch.record_count()))
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-
 async def test_a_batch_of_several_records_over_the_limit_is_sent_whole_never_cut_short():
     """Only a batch of ONE record over the limit is set aside: with a producer whose
     batches may outgrow the limit, no record of a bigger batch is dropped."""
-    producer = RecordingProducer()
+    producer = BuildingProducer(partitions=1)  # batches of up to 1,000,000 bytes
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:9", max_request_bytes=4096)
     sink = Sink(cast(Any, producer), kafka, Metrics())
     rows: list[OutRow] = [(b"k", b"v" * 200, 1, [], 0) for _ in range(50)]  # ~11 KB
