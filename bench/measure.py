@@ -75,6 +75,7 @@ class ThroughputRun:
     gateway_cpu_s: float
     redis_cpu_s: float
     broker_cpu_s: float
+    vote_wait_s: float  # the raw loops' wait for votes (summed over workers)
     forwarded: int
     duplicates: int
     expected_forwarded: int
@@ -296,6 +297,7 @@ async def throughput(
         # The clock starts when the first batch is in hand: the group join is not timed.
         await until(task, lambda: counts.consumed() > 0)
         t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
+        waited0 = counts.vote_wait_s()
         redis0 = redis_cpu(await redis_info(urls))
 
         def finished() -> bool:  # polled every 10 ms: one read of the counters (~75 µs)
@@ -306,6 +308,7 @@ async def throughput(
         await until(task, finished)
         seconds, cpu = time.perf_counter() - t0, cpu_of() - cpu0
         broker_cpu = process_cpu(broker_pid) - broker0
+        waited = counts.vote_wait_s() - waited0
         after = await redis_info(urls)
     await delete_topics(stack.bootstrap, [clean, f"{clean}-quarantine"])
     expected_forwarded, expected_duplicates = raw.expected(variant)
@@ -313,7 +316,7 @@ async def throughput(
     return ThroughputRun(
         variant=variant.name, share=raw.share, round=round_no, records=total,
         seconds=seconds, gateway_cpu_s=cpu, redis_cpu_s=redis_cpu(after) - redis0,
-        broker_cpu_s=broker_cpu,
+        broker_cpu_s=broker_cpu, vote_wait_s=waited,
         forwarded=counts.forwarded_total(),
         duplicates=counts.duplicates_total(),
         expected_forwarded=expected_forwarded, expected_duplicates=expected_duplicates,

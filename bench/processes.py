@@ -46,6 +46,9 @@ class ScrapedCounts:
     def handled(self) -> int:
         return self.forwarded_total() + self.duplicates_total() + self._get("records_quarantined")
 
+    def vote_wait_s(self) -> float:
+        return self.values.get("dedup_gateway_vote_wait_seconds_total", 0.0)
+
     def update(self, text: str) -> None:
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(text):

@@ -167,6 +167,9 @@ class Results:
                     "gateway_cpu_s_per_m": self.per_million(name, share, "gateway_cpu_s"),
                     "redis_cpu_s_per_m": self.per_million(name, share, "redis_cpu_s"),
                     "broker_cpu_s_per_m": self.per_million(name, share, "broker_cpu_s"),
+                    "vote_wait_share": statistics.median(
+                        r.vote_wait_s / r.seconds for r in self.of(name, share)
+                    ),
                     "rounds": len(self.of(name, share)),
                     "correct": all(r.correct for r in self.of(name, share)),
                 })  # fmt: skip
@@ -332,7 +335,9 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
         "",
         "**Throughput** (records/s; ratios to forwarder and to client-ceiling in the same "
         "round; CPU seconds per million records: the benchmark process for in-process "
-        "variants, the process tree for gateway-3xN)",
+        "variants, the process tree for gateway-3xN; waits on votes: the share of the run "
+        "the raw loop waited for votes, `dedup_gateway_vote_wait_seconds`, summed over "
+        "workers)",
         "",
         *_table(
             [
@@ -343,6 +348,7 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
                 "x ceiling",
                 "gateway CPU s/M",
                 "Redis CPU s/M (all instances, cluster masters included)",
+                "waits on votes",
                 "counts right",
             ],
             (
@@ -354,6 +360,7 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
                     _fmt(s["ratio_to_ceiling"]),
                     f"{s['gateway_cpu_s_per_m']:.1f}",
                     f"{s['redis_cpu_s_per_m']:.1f}",
+                    f"{s['vote_wait_share']:.0%}",
                     "yes" if s["correct"] else "**NO**",
                 ]
                 for s in results.summary()

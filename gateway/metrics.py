@@ -155,6 +155,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+        self.vote_wait = Counter(
+            f"{PREFIX}_vote_wait_seconds",
+            "Time the raw loop waited for a batch's vote (the next batch's claims already "
+            "sent, where one was fetched): its rate is the share of time Redis round trips "
+            "hold a gateway back",
+            registry=r,
+        )
         self.batch_seconds = Histogram(
             f"{PREFIX}_batch_seconds",
             "Time from fetch to commit for one batch",
@@ -338,6 +345,9 @@ class Metrics:
 
     def duplicates_total(self) -> int:
         return int(total(self.duplicates))
+
+    def vote_wait_s(self) -> float:
+        return float(total(self.vote_wait))
 
 
 def package_version() -> str:

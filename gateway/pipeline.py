@@ -73,6 +73,22 @@ class Decided:
     undecided: dict[str, int] = field(default_factory=dict)  # by action taken
 
 
+@dataclass
+class Voting:
+    """A batch whose ids are being claimed (`Pipeline.begin` to `Pipeline.end`)."""
+
+    parts: dict[TopicPartition, PartitionBatch]
+    outcomes: asyncio.Future[list[Outcome]]  # the vote, running
+    started: float = field(default_factory=time.perf_counter)
+    # Partitions rewound since the batch was fetched (a block in the batch before):
+    # their records here are read again, so they are neither forwarded nor committed.
+    dropped: set[TopicPartition] = field(default_factory=set)
+
+    def fetched(self) -> list[TopicPartition]:
+        """The partitions whose records this batch decides."""
+        return [tp for tp in self.parts if tp not in self.dropped]
+
+
 def classify(batch: Mapping[TopicPartition, PartitionBatch], policy: Policy) -> Decided:
     """What to do with each voted record (pure: no I/O).
 
@@ -148,6 +164,12 @@ class Pipeline:
 
     async def decide(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> Decided:
         """Extract ids, claim and vote, classify. Forwards nothing yet (see `finish`)."""
+        return await self.end(self.begin(batch))
+
+    def begin(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> Voting:
+        """Extract ids and start claiming them; `end` waits for the vote. The claims
+        run while the caller does other work (gateway/source.py: the previous batch's
+        vote is finished meanwhile)."""
         parts: dict[TopicPartition, PartitionBatch] = {}
         claim_ids: list[bytes] = []
         owners: list[str] = []
@@ -167,8 +189,15 @@ class Pipeline:
                     if not isinstance(i, BadRecord):
                         claim_ids.append(i)
                         owners.append(token)
-        outcomes = await self.vote(claim_ids, owners)
+        return Voting(parts, asyncio.ensure_future(self.vote(claim_ids, owners)))
+
+    async def end(self, voting: Voting) -> Decided:
+        """The vote's outcomes, classified; the partitions in `voting.dropped` are left out."""
+        waited = time.perf_counter()
+        outcomes = await voting.outcomes
+        self.metrics.vote_wait.inc(time.perf_counter() - waited)
         at = 0
+        parts = voting.parts
         for part in parts.values():
             if not part.bad:
                 part.outcomes = outcomes[at : at + len(part.ids)]
@@ -182,6 +211,8 @@ class Pipeline:
                     aligned.append(outcomes[at])
                     at += 1
             part.outcomes = aligned
+        if voting.dropped:
+            parts = {tp: part for tp, part in parts.items() if tp not in voting.dropped}
         decided = classify(parts, self.policy)
         for action, count in decided.undecided.items():
             self.metrics.undecided.labels(action).inc(count)
@@ -246,11 +277,15 @@ class Pipeline:
         outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
         fills: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
-        all_mine = (MINE,) * len(replies)
+        size, all_mine = len(replies), (MINE,) * len(replies)
         for digest, owner, row in zip(digests, owners, zip(*replies, strict=True), strict=True):
-            if row == all_mine and not masked:  # the common case: no counting
-                outcomes.append(Outcome.FORWARD)
-                continue
+            if not masked:  # the common cases need no counting, and leave nothing to repair
+                if row == all_mine:
+                    outcomes.append(Outcome.FORWARD)
+                    continue
+                if (held := row[0]) is not None and row.count(held) == size:  # one other owner
+                    outcomes.append(Outcome.DUPLICATE)
+                    continue
             votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
             decision = decide(owner, votes, quorum, trusted)
             outcomes.append(decision.outcome)

@@ -1,10 +1,19 @@
 """The raw fetch loop: fetch a batch, vote on it, hand it to the checkpoint; rebalances.
 
-Two batches are in flight at most: one being voted on, the one before it
-being forwarded and committed (gateway/checkpoint.py). The loop holds
-`batch_lock` while it votes and hands a batch over; a rebalance takes the
-same lock and drains, so a revoked partition's batches in hand are forwarded
-and committed before the partition moves.
+Three batches are in flight at most: one whose ids are being claimed, the
+one before it whose vote is being finished (its claims were sent first, so
+Redis always has the next batch's work while the gateway classifies), and
+the one before that being forwarded and committed (gateway/checkpoint.py).
+The loop holds `batch_lock` while it votes and hands a batch over; a
+rebalance takes the same lock and finishes the batch being claimed and
+drains, so a revoked partition's batches in hand are forwarded and
+committed before the partition moves. A batch fetched before the revoke but
+not yet in hand when it ran is dropped: it is read again from the commits.
+
+A block (policy `block`) rewinds its partition to the undecided record: the
+next batch, fetched before the block was known, leaves that partition's
+records out (they were claimed by their own tokens, so reading them again
+finds their marks theirs).
 
 A raw record with a header name that is not UTF-8 makes aiokafka's `getmany`
 raise, every time (gateway/salvage.py). The loop then reads the partitions
@@ -31,7 +40,7 @@ from gateway.kafka import aiokafka_options, unless_stopped
 from gateway.lanes import LaneScheduler
 from gateway.metrics import Metrics
 from gateway.pausing import BlockedPartitions, backoff_delay
-from gateway.pipeline import Decided, Pipeline
+from gateway.pipeline import Decided, Pipeline, Voting
 from gateway.salvage import read_leniently
 
 logger = logging.getLogger(__name__)
@@ -61,6 +70,8 @@ class RawSource:
         self.max_records = max_records
         self.checkpoint = Checkpoint(consumer)
         self.batch_lock = asyncio.Lock()
+        self.claiming: Voting | None = None  # the batch whose ids are being claimed
+        self.revocations = 0  # revoke callbacks run so far: a batch fetched before one is stale
         self._salvage_failures = 0  # salvages in a row that found nothing to get past
         self.batches = 0
         self._lag_due = 0.0
@@ -69,21 +80,26 @@ class RawSource:
         return _DrainOnRevoke(self)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch, vote, forward, commit until `stop`; the batch in hand is finished first."""
+        """Fetch, vote, forward, commit until `stop`; the batches in hand are finished first."""
         consumer = self.consumer
         try:
             while not stop.is_set():
                 self.blocked.resume_due(consumer)
                 # After the blocks: a held lane stays paused.
                 first = self.lanes.apply(consumer) if self.lanes is not None else []
+                revocations = self.revocations
                 try:
-                    fetched = await unless_stopped(self._fetch(consumer, first), stop)
+                    # A batch being claimed: take what is fetched already, do not wait.
+                    fetched = await unless_stopped(
+                        self._fetch(consumer, first, waiting=self.claiming is None), stop
+                    )
                     if fetched is None:
                         break
                     batch = fetched
                 except UnicodeDecodeError as exc:  # a header name (gateway/salvage.py)
                     started = time.perf_counter()
                     async with self.batch_lock:
+                        await self.hand_over(None)
                         salvaged = await self._salvage(exc, started)
                     if salvaged:
                         self._salvage_failures = 0
@@ -92,35 +108,68 @@ class RawSource:
                         await _wait(stop, backoff_delay(0.5, 30.0, self._salvage_failures))
                     continue
                 if not batch:
-                    await self.checkpoint.drain()
+                    if self.claiming is not None:  # nothing more yet: finish its vote
+                        async with self.batch_lock:
+                            await self.hand_over(None)
+                    else:  # idle: the last batch's commit is waited for here
+                        await self.checkpoint.drain()
                     await self._update_lag()
                     continue
-                started = time.perf_counter()
-                if self.lanes is not None:
-                    self.lanes.fetched(batch.keys())
                 async with self.batch_lock:
-                    decided = await self.pipeline.decide(batch)
-                    # Block before the next fetch, so it brings nothing past a block.
-                    self.blocked.update(consumer, decided.blocked, batch.keys())
-                    size = sum(len(r) for r in batch.values())
-                    await self.checkpoint.then(self._finish(decided, started, size))
+                    if self.revocations != revocations:
+                        # A rebalance began after the fetch and finished before the
+                        # lock: each partition reads again from its committed offset
+                        # (aiokafka resets every position on assignment), so this
+                        # batch is left to whoever owns its partitions now.
+                        logger.info(
+                            "%d records fetched before a rebalance are left to be read again",
+                            sum(map(len, batch.values())),
+                        )
+                        continue
+                    if self.lanes is not None:
+                        self.lanes.fetched(batch.keys())
+                    await self.hand_over(self.pipeline.begin(batch))
                 await self._update_lag()
         finally:
+            async with self.batch_lock:
+                await self.hand_over(None)
             await self.checkpoint.drain()
 
+    async def hand_over(self, voting: Voting | None) -> None:
+        """Finish the vote on the batch being claimed and hand it to the checkpoint;
+        `voting` (its claims already sent) is claimed meanwhile and takes its place.
+        Called with `batch_lock` held."""
+        done, self.claiming = self.claiming, voting
+        if done is None:
+            return
+        decided = await self.pipeline.end(done)
+        # Block before the next fetch, so it brings nothing past a block; the batch
+        # fetched before it leaves the blocked partitions out.
+        fetched = done.fetched()
+        for tp in done.dropped & done.parts.keys():
+            logger.info(
+                "partition %s: %d records fetched before its block are left to be read again",
+                tp, len(done.parts[tp].records),
+                extra={"topic": tp.topic, "partition": tp.partition},
+            )  # fmt: skip
+        self.blocked.update(self.consumer, decided.blocked, fetched)
+        if voting is not None:
+            voting.dropped.update(decided.blocked)
+        size = sum(len(done.parts[tp].records) for tp in fetched)
+        await self.checkpoint.then(self._finish(decided, done.started, size))
+
     async def _fetch(
-        self, consumer: AIOKafkaConsumer, first: list[TopicPartition]
+        self, consumer: AIOKafkaConsumer, first: list[TopicPartition], waiting: bool
     ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
-        """One fetch; a starved lane's partitions (`first`) are asked on their own first."""
+        """One fetch; a starved lane's partitions (`first`) are asked on their own first.
+        Not `waiting`: the usual fetch takes only what the consumer has fetched already."""
+        most = self.max_records
         batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
         if first:
-            batch = await consumer.getmany(
-                *first, timeout_ms=STARVED_FETCH_MS, max_records=self.max_records
-            )
+            batch = await consumer.getmany(*first, timeout_ms=STARVED_FETCH_MS, max_records=most)
         if not batch:
-            batch = await consumer.getmany(
-                timeout_ms=FETCH_TIMEOUT_MS, max_records=self.max_records
-            )
+            wait_ms = FETCH_TIMEOUT_MS if waiting else 0
+            batch = await consumer.getmany(timeout_ms=wait_ms, max_records=most)
         return batch
 
     async def _salvage(self, error: UnicodeDecodeError, started: float) -> bool:
@@ -221,8 +270,10 @@ class _DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         # Wait for the batches in hand: they are forwarded and committed before
         # the partitions move, so the next owner neither loses nor repeats them.
         async with self.source.batch_lock:
+            await self.source.hand_over(None)
             await self.source.checkpoint.drain()
             self.source.forget(revoked)
+            self.source.revocations += 1
         if revoked:
             names = sorted(map(str, revoked))
             logger.info("partitions revoked: %s", names, extra={"partitions": names})

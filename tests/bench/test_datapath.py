@@ -26,3 +26,13 @@ def test_the_batches_hold_each_partitions_offsets_once_in_order() -> None:
         offsets = [r.offset for batch in work for tp, rs in batch.items() if tp.partition == p
                    for r in rs]  # fmt: skip
         assert offsets == list(range(1000))
+
+
+def test_with_duplicates_the_vote_runs_and_its_counts_are_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One in five of each batch is held by another owner: 800 duplicates of 4,000,
+    # checked by the benchmark itself (it raises on other counts).
+    datapath.main(["--records", "4000", "--batch", "1000", "--rounds", "1", "--duplicates", "0.2"])
+    out = capsys.readouterr().out
+    assert "dedup on, 20% held by another owner" in out, out

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+from typing import Any
 
 from devtools.harness import (
     Topics,
@@ -51,6 +52,47 @@ async def test_two_gateways_with_rebalances_forward_each_id_exactly_once(
     assert counter_value(two.metrics.forwarded) > 0  # the second gateway really shared the work
     ids = await clean_ids(broker, topics.clean)
     assert set(ids) == first.unique_ids | second.unique_ids | third.unique_ids
+    assert max(ids.values()) == 1
+
+
+async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_stale(
+    broker, redis_servers, names
+):
+    """The window between a fetch and the batch lock: a revoke that runs there
+    drains what is in hand and lets the partitions move, so the batch fetched
+    just before it is stale (positions restart from the commits). It must be
+    left to be read again, not forwarded: forwarded, it repeats on the reread."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=6)
+    settings = make_settings(broker, topics, redis_urls(redis_servers(3)),
+                             kafka={"max_batch_records": 50})  # fmt: skip
+    first = await produce_traffic(broker, topics.raw, 6000, duplicate_share=0.3, seed=21)
+    async with running(settings) as one:
+        await eventually(lambda: counter_value(one.metrics.forwarded) > 0)
+        source = one.source
+        assert source is not None
+        holding, revoked = asyncio.Event(), asyncio.Event()
+        fetch, forget = source._fetch, source.forget
+
+        async def fetch_then_hold(*args: Any, **kwargs: Any) -> Any:
+            batch = await fetch(*args, **kwargs)
+            if batch and not holding.is_set():  # the batch held across the revoke
+                holding.set()
+                await revoked.wait()
+            return batch
+
+        def forget_and_tell(partitions: Any) -> None:  # runs in the revoke, under the lock
+            forget(partitions)
+            revoked.set()
+
+        source._fetch = fetch_then_hold  # type: ignore[method-assign]
+        source.forget = forget_and_tell  # type: ignore[method-assign]
+        await eventually(holding.is_set, what="a fetched batch held")
+        async with running(settings) as two:  # joins: the revoke runs while it is held
+            await eventually(lambda: bool(two.partitions()), what="two assigned")
+            await wait_committed(broker, topics.group, topics.raw, first.per_partition)
+    ids = await clean_ids(broker, topics.clean)
+    assert set(ids) == first.unique_ids
     assert max(ids.values()) == 1
 
 

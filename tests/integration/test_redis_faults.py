@@ -15,7 +15,10 @@ from devtools.harness import (
 )
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
+from gateway.config import Settings
 from gateway.keys import mark_digest
+from gateway.metrics import Metrics
+from gateway.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import owners_on
 
@@ -114,3 +117,38 @@ async def test_majority_down_stops_progress_then_resumes_without_loss_or_duplica
         await wait_committed(broker, topics.group, topics.raw, _ends(first, second))
         assert gateway.readiness()[0]
     await _assert_exactly_once(broker, topics, first.unique_ids | second.unique_ids)
+
+
+async def _pause_members(settings: Settings, members: list[int], paused: bool) -> None:
+    """`dedup-gateway member pause` / `resume`, as the operator's command does it."""
+    quorum = Quorum(settings.redis, Metrics())
+    try:
+        await quorum.refresh_epochs()
+        for n in members:
+            assert await quorum.pause(quorum.instances[n], paused)
+    finally:
+        await quorum.close()
+
+
+async def test_a_batch_claimed_ahead_of_a_block_leaves_the_blocked_partition_to_be_read_again(
+    broker, redis_servers, names, caplog
+):
+    """The next batch's claims are sent while a batch's vote is awaited: when that
+    vote blocks a partition, the next batch's records of it (past the block) must be
+    neither forwarded nor committed, nor move the partition past the block."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1)
+    servers = redis_servers(3)
+    settings = make_settings(broker, topics, redis_urls(servers), kafka={"max_batch_records": 50})
+    settings.redis.ping_interval = timedelta(milliseconds=200)
+    # All in the partition before the gateway reads: its first fetch brings more
+    # than one batch, so the second is claimed while the first is voted on.
+    traffic = await produce_traffic(broker, topics.raw, 600, duplicate_share=0.2, seed=7)
+    await _pause_members(settings, [0, 1], paused=True)  # no majority counted: blocks
+    caplog.set_level("INFO", logger="gateway.source")
+    async with running(settings) as gateway:
+        await eventually(lambda: "left to be read again" in caplog.text, what="a batch left out")
+        assert counter_value(gateway.metrics.forwarded) == 0
+        await _pause_members(settings, [0, 1], paused=False)
+        await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
+    await _assert_exactly_once(broker, topics, traffic.unique_ids)

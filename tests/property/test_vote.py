@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devtools.harness import Topics, make_settings
+from gateway.keys import mark_digest
+from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline
 from gateway.vote import MINE, Outcome, decide
 
 N = st.sampled_from([1, 3, 5, 7])
@@ -105,3 +111,44 @@ def test_an_answer_not_counted_never_makes_a_majority():
     assert decide("22", [MINE, "11", None], 2, counted=2).winner == "11"
     # Fewer counted instances than a majority decide nothing, even in agreement.
     assert decide("11", [MINE, None, None], 2, counted=1).outcome is Outcome.UNDECIDED
+
+
+class _FixedReplies:
+    """A Quorum stand-in for `Pipeline.vote`: three members, all counted, fixed replies."""
+
+    majority = 3 // 2 + 1
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.repaired: list[bytes] = []
+        self.filled: list[bytes] = []
+
+    async def claim(self, digests, owners):
+        return [list(member) for member in zip(*self.rows, strict=True)]
+
+    def counted(self):
+        return [True, True, True]
+
+    async def repair(self, per_member):
+        self.repaired += [digest for todo in per_member for digest, _, _ in todo]
+
+    def queue_fills(self, per_member):
+        self.filled += [digest for todo in per_member for digest, _, _ in todo]
+
+
+@given(st.lists(st.lists(st.one_of(st.none(), st.just(MINE), TOKENS), min_size=3, max_size=3),
+                min_size=1, max_size=30))  # fmt: skip
+def test_the_data_paths_vote_decides_every_row_as_decide_does(rows):
+    """`Pipeline.vote` skips the counting for unanimous rows: the outcomes are still
+    `decide`'s, and a row held by one other owner everywhere is neither repaired nor
+    filled."""
+    settings = make_settings("127.0.0.1:1", Topics(lambda n: n), ["redis://a", "redis://b",
+                                                                   "redis://c"])  # fmt: skip
+    quorum = _FixedReplies([tuple(row) for row in rows])
+    pipeline = Pipeline(settings, quorum, None, Metrics())  # type: ignore[arg-type]
+    ids = [f"id-{n}".encode() for n in range(len(rows))]
+    outcomes = asyncio.run(pipeline.vote(ids, ["9"] * len(rows)))
+    assert outcomes == [decide("9", row, 2, 3).outcome for row in rows]
+    unanimous = {mark_digest(i) for i, row in zip(ids, rows, strict=True)
+                 if row[0] not in (None, MINE) and row.count(row[0]) == 3}  # fmt: skip
+    assert not unanimous & {*quorum.repaired, *quorum.filled}
