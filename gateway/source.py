@@ -72,6 +72,7 @@ class RawSource:
         self.batch_lock = asyncio.Lock()
         self.claiming: Voting | None = None  # the batch whose ids are being claimed
         self.revocations = 0  # revoke callbacks run so far: a batch fetched before one is stale
+        self._fetched_after = 0  # `revocations` when the last fetch returned
         self._salvage_failures = 0  # salvages in a row that found nothing to get past
         self.batches = 0
         self._lag_due = 0.0
@@ -87,7 +88,6 @@ class RawSource:
                 self.blocked.resume_due(consumer)
                 # After the blocks: a held lane stays paused.
                 first = self.lanes.apply(consumer) if self.lanes is not None else []
-                revocations = self.revocations
                 try:
                     # A batch being claimed: take what is fetched already, do not wait.
                     fetched = await unless_stopped(
@@ -116,11 +116,11 @@ class RawSource:
                     await self._update_lag()
                     continue
                 async with self.batch_lock:
-                    if self.revocations != revocations:
-                        # A rebalance began after the fetch and finished before the
-                        # lock: each partition reads again from its committed offset
-                        # (aiokafka resets every position on assignment), so this
-                        # batch is left to whoever owns its partitions now.
+                    if self.revocations != self._fetched_after:
+                        # A revoke ran between the fetch and the lock: each partition
+                        # reads again from its committed offset (aiokafka resets every
+                        # position on the assignment that follows), so this batch is
+                        # left to whoever owns its partitions then.
                         logger.info(
                             "%d records fetched before a rebalance are left to be read again",
                             sum(map(len, batch.values())),
@@ -170,6 +170,9 @@ class RawSource:
         if not batch:
             wait_ms = FETCH_TIMEOUT_MS if waiting else 0
             batch = await consumer.getmany(timeout_ms=wait_ms, max_records=most)
+        # Read as getmany returns, no await between: a getmany that waited for a
+        # rebalance returns records of the new assignment, which are not stale.
+        self._fetched_after = self.revocations
         return batch
 
     async def _salvage(self, error: UnicodeDecodeError, started: float) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from devtools.harness import (
@@ -18,6 +19,7 @@ from devtools.harness import (
 )  # fmt: skip
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
+from gateway.source import RawSource
 from tests.conftest import redis_urls
 
 
@@ -62,6 +64,58 @@ async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_st
     drains what is in hand and lets the partitions move, so the batch fetched
     just before it is stale (positions restart from the commits). It must be
     left to be read again, not forwarded: forwarded, it repeats on the reread."""
+
+    def hold_a_fetched_batch(source: RawSource, revoked: asyncio.Event) -> asyncio.Event:
+        holding, fetch = asyncio.Event(), source._fetch
+
+        async def fetch_then_hold(*args: Any, **kwargs: Any) -> Any:
+            batch = await fetch(*args, **kwargs)
+            if batch and not holding.is_set():
+                holding.set()
+                await revoked.wait()
+            return batch
+
+        source._fetch = fetch_then_hold  # type: ignore[method-assign]
+        return holding
+
+    await _rebalance_while_held(broker, redis_servers, names, hold_a_fetched_batch)
+
+
+async def test_a_fetch_that_waits_out_a_rebalance_keeps_the_new_assignments_records(
+    broker, redis_servers, names
+):
+    """The other side of that check: a fetch that began before the revoke and
+    returns after it brings records of the new assignment. Dropped as stale,
+    they would be lost (the position is past them and later commits too)."""
+
+    def fetch_after_the_revoke(source: RawSource, revoked: asyncio.Event) -> asyncio.Event:
+        entered, consumer = asyncio.Event(), source.consumer
+        getmany = consumer.getmany
+
+        async def getmany_across_the_revoke(*args: Any, **kwargs: Any) -> Any:
+            if entered.is_set():
+                return await getmany(*args, **kwargs)
+            entered.set()
+            await revoked.wait()
+            batch: Any = {}
+            while not batch:  # as a waiting getmany does, until records come
+                batch = await getmany(*args, **{**kwargs, "timeout_ms": 1000})
+            return batch
+
+        consumer.getmany = getmany_across_the_revoke  # type: ignore[method-assign]
+        return entered
+
+    await _rebalance_while_held(broker, redis_servers, names, fetch_after_the_revoke)
+
+
+async def _rebalance_while_held(
+    broker: str,
+    redis_servers: Any,
+    names: Any,
+    hold: Callable[[RawSource, asyncio.Event], asyncio.Event],
+) -> None:
+    """Gateway one's fetch is held by `hold` (it returns an event set once held)
+    while a second gateway joins and one's revoke runs; every id arrives once."""
     topics = Topics(names)
     await topics.create(broker, raw_partitions=6)
     settings = make_settings(broker, topics, redis_urls(redis_servers(3)),
@@ -71,26 +125,18 @@ async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_st
         await eventually(lambda: counter_value(one.metrics.forwarded) > 0)
         source = one.source
         assert source is not None
-        holding, revoked = asyncio.Event(), asyncio.Event()
-        fetch, forget = source._fetch, source.forget
-
-        async def fetch_then_hold(*args: Any, **kwargs: Any) -> Any:
-            batch = await fetch(*args, **kwargs)
-            if batch and not holding.is_set():  # the batch held across the revoke
-                holding.set()
-                await revoked.wait()
-            return batch
+        revoked, forget = asyncio.Event(), source.forget
 
         def forget_and_tell(partitions: Any) -> None:  # runs in the revoke, under the lock
             forget(partitions)
             revoked.set()
 
-        source._fetch = fetch_then_hold  # type: ignore[method-assign]
         source.forget = forget_and_tell  # type: ignore[method-assign]
-        await eventually(holding.is_set, what="a fetched batch held")
+        await eventually(hold(source, revoked).is_set, what="a fetch held")
         async with running(settings) as two:  # joins: the revoke runs while it is held
             await eventually(lambda: bool(two.partitions()), what="two assigned")
             await wait_committed(broker, topics.group, topics.raw, first.per_partition)
+        assert revoked.is_set()
     ids = await clean_ids(broker, topics.clean)
     assert set(ids) == first.unique_ids
     assert max(ids.values()) == 1
