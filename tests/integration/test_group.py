@@ -115,7 +115,9 @@ async def _rebalance_while_held(
     hold: Callable[[RawSource, asyncio.Event], asyncio.Event],
 ) -> None:
     """Gateway one's fetch is held by `hold` (it returns an event set once held)
-    while a second gateway joins and one's revoke runs; every id arrives once."""
+    while a second gateway joins and one's revoke runs; every id arrives once.
+    Records are produced after it is armed, so the held fetch, and the fetch after
+    the revoke, have records to bring whatever one read before."""
     topics = Topics(names)
     await topics.create(broker, raw_partitions=6)
     settings = make_settings(broker, topics, redis_urls(redis_servers(3)),
@@ -132,13 +134,19 @@ async def _rebalance_while_held(
             revoked.set()
 
         source.forget = forget_and_tell  # type: ignore[method-assign]
-        await eventually(hold(source, revoked).is_set, what="a fetch held")
+        held = hold(source, revoked)
+        # Records produced once it is armed: there is one to hold, whatever one has read.
+        second = await produce_traffic(
+            broker, topics.raw, 3000, duplicate_share=0.3, seed=22, id_prefix="n"
+        )
+        await eventually(held.is_set, what="a fetch held")
         async with running(settings) as two:  # joins: the revoke runs while it is held
             await eventually(lambda: bool(two.partitions()), what="two assigned")
-            await wait_committed(broker, topics.group, topics.raw, first.per_partition)
+            ends = {p: n + second.per_partition[p] for p, n in first.per_partition.items()}
+            await wait_committed(broker, topics.group, topics.raw, ends)
         assert revoked.is_set()
     ids = await clean_ids(broker, topics.clean)
-    assert set(ids) == first.unique_ids
+    assert set(ids) == first.unique_ids | second.unique_ids
     assert max(ids.values()) == 1
 
 
