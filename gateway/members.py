@@ -48,6 +48,12 @@ _CLUSTER_QUERY = {
 # How far a cluster call may be redirected (MOVED/ASK) or retried (TRYAGAIN, a node
 # failing over) inside our own `[redis] timeout`.
 CLUSTER_ATTEMPTS = 3
+# A gateway has at most one call per key group in flight for each of its concurrent
+# operations (claims of two batches, repairs, fills, epoch reads, the failure
+# loop's, coalescing): the connections a node may need at once. redis-py's own
+# bound (100 per node) refused the calls past it with MaxConnectionsError, so a
+# burst over many groups made groups of a healthy member give no answer.
+CLUSTER_CALLS_PER_GROUP = 8
 
 
 def is_cluster(url: MultiHostUrl) -> bool:
@@ -79,10 +85,12 @@ def check_member_url(url: MultiHostUrl) -> None:
         raise ValueError(f"{member_name(url)}: several hosts need the redis+cluster:// scheme")
 
 
-def client_for(url: MultiHostUrl, timeout_s: float) -> aioredis.Redis | RedisCluster:
+def client_for(
+    url: MultiHostUrl, timeout_s: float, groups: int = 1
+) -> aioredis.Redis | RedisCluster:
     """The member's client. Our own timeout and the vote handle failure, so a plain
-    client retries nothing; a cluster client follows redirects and a failover
-    inside the member, within that timeout."""
+    client retries nothing; a cluster client (of `groups` key groups) follows
+    redirects and a failover inside the member, within that timeout."""
     if not is_cluster(url):
         return aioredis.Redis.from_url(
             str(url),
@@ -107,6 +115,7 @@ def client_for(url: MultiHostUrl, timeout_s: float) -> aioredis.Redis | RedisClu
         retry=ClusterRetry(ExponentialBackoff(cap=0.1, base=0.01), CLUSTER_ATTEMPTS),
         # A group whose slots no node serves fails alone; the others go on.
         require_full_coverage=False,
+        max_connections=CLUSTER_CALLS_PER_GROUP * groups,
         **options,
     )
 

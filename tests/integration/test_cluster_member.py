@@ -28,7 +28,7 @@ from devtools.traffic import produce_traffic
 from gateway.config import Settings, load_settings
 from gateway.keys import mark_digest, owner_token
 from gateway.members import group_of
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, total
 from gateway.operator_commands import set_paused
 from gateway.quorum import Quorum
 from gateway.rebuild import rebuild
@@ -323,3 +323,71 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         assert not quorum.instances[0].down_groups
     finally:
         await quorum.close()
+
+
+async def test_a_burst_of_calls_on_a_cold_cluster_client_all_get_answers(redis_clusters):
+    """Two batches claimed side by side (claims sent ahead) just after start, over
+    256 key groups: ~170 calls per master at once. redis-py's cluster pool refused
+    the calls past 100 per node (MaxConnectionsError): groups of a healthy member
+    gave no answer. (A bound of 5 s: opening that many connections at once takes
+    longer than the default on this machine.)"""
+    cluster = redis_clusters(3)
+    quorum = cluster_quorum(cluster, cluster_groups=256, timeout="5s")
+    try:
+        await quorum.refresh_epochs(patient=True)  # as the gateway starts
+        batches = [[mark_digest(f"b{b}-{n}".encode()) for n in range(2000)] for b in (1, 2)]
+        replies = await asyncio.gather(*(quorum.claim(d, ["5"] * 2000) for d in batches))
+        assert replies == [[[MINE] * 2000]] * 2
+        assert total(quorum.metrics.redis_errors) == 0
+    finally:
+        await quorum.close()
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_master_failing_over_to_its_replica_leaves_the_member_trusted_with_every_mark(
+    broker, redis_servers, redis_clusters, names, server
+):
+    topics = Topics(names)
+    await topics.create(broker)
+    cluster = redis_clusters(3, binary=server, replicas=1)
+    standalone = redis_servers(2)
+    settings = make_settings(broker, topics, [cluster.url, *redis_urls(standalone)])
+    settings.redis.ping_interval = timedelta(milliseconds=200)
+    member = cluster.name_label
+    first = await produce_traffic(broker, topics.raw, 3000, duplicate_share=0.3, seed=41)
+    async with running(settings) as gateway:
+        await wait_committed(broker, topics.group, topics.raw, first.per_partition)
+        # A master dies once its replica holds all it wrote; records keep coming while
+        # the replica takes over (about cluster-node-timeout, 2 s).
+        dying = cluster.masters()[0]
+        replica = cluster.replica_of(dying)
+        cluster.wait_replicated(dying)
+        moving = cluster.view().slots_of(dying)
+        cluster.node(dying).kill()
+        during = asyncio.create_task(produce_traffic(
+            broker, topics.raw, 3000, duplicate_share=0.3, seed=42, id_prefix="d"
+        ))  # fmt: skip
+        await asyncio.to_thread(cluster.wait_agreed, {slot: replica for slot in moving})
+        second = await during
+        done = {p: first.per_partition[p] + second.per_partition[p] for p in first.per_partition}
+        await wait_committed(broker, topics.group, topics.raw, done)
+        # The replica has the epoch copies: the member stays trusted, and once the
+        # client follows the new master every group answers again.
+        await eventually(lambda: gateway.metrics.redis_groups_down.labels(member)._value.get()
+                         == 0 and not gateway.quorum.instances[0].backlog,
+                         what="every group answers, the marks it missed filled in")  # fmt: skip
+        assert total(gateway.metrics.redis_errors, redis=member) > 0  # the failover was felt
+        assert gateway.quorum.counted() == [True, True, True]
+        assert gateway.metrics.redis_recovering.labels(member)._value.get() == 0
+
+        # With one standalone member gone, the cluster's answers decide: every mark
+        # is on it, the failed-over groups' too.
+        standalone[0].kill()
+        every = sorted(first.unique_ids | second.unique_ids)
+        replays = copies_of(every)
+        await produce(broker, topics.raw, replays)
+        done[0] += len(replays)
+        await wait_committed(broker, topics.group, topics.raw, done)
+    assert None not in await owners_on(cluster, every)
+    out = await clean_ids(broker, topics.clean)
+    assert set(out) == set(every) and max(out.values()) == 1
