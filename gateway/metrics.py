@@ -49,6 +49,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set in `run --workers N` workers (
 # sample (each record equally likely, whatever the batch sizes) at a 16th of
 # the cost of an observation per record, which was ~4% of the data path's CPU.
 LATENCY_SAMPLE_EVERY = 16
+REREAD_REASONS = ("rebalance", "block")
 UNDECIDED_ACTIONS: tuple[str, ...] = get_args(DedupSettings.model_fields["on_no_quorum"].annotation)
 
 # Redis script calls take ~1 ms for small batches, tens of ms for large ones.
@@ -236,6 +237,13 @@ class Metrics:
             ["lane"],
             registry=r,
         )
+        self.records_reread = Counter(
+            f"{PREFIX}_records_reread",
+            "Records fetched and left to be read again from the commits, by why: fetched "
+            "before a rebalance's revoke, or past a block in the batch before",
+            ["reason"],
+            registry=r,
+        )
         self.partitions_blocked = Gauge(
             f"{PREFIX}_partitions_blocked",
             "Raw partitions paused on an undecided vote (policy block)",
@@ -321,6 +329,8 @@ class Metrics:
             self.quarantined.labels(reason)
         for action in UNDECIDED_ACTIONS:
             self.undecided.labels(action)
+        for why in REREAD_REASONS:
+            self.records_reread.labels(why)
         for result in RELEASE_RESULTS:
             self.releases.labels(result)
         for reason in INVALID_COMMAND_REASONS:

@@ -121,9 +121,11 @@ class RawSource:
                         # reads again from its committed offset (aiokafka resets every
                         # position on the assignment that follows), so this batch is
                         # left to whoever owns its partitions then.
+                        stale = sum(map(len, batch.values()))
+                        self.metrics.records_reread.labels("rebalance").inc(stale)
                         logger.info(
                             "%d records fetched before a rebalance are left to be read again",
-                            sum(map(len, batch.values())),
+                            stale,
                         )
                         continue
                     if self.lanes is not None:
@@ -147,6 +149,7 @@ class RawSource:
         # fetched before it leaves the blocked partitions out.
         fetched = done.fetched()
         for tp in done.dropped & done.parts.keys():
+            self.metrics.records_reread.labels("block").inc(len(done.parts[tp].records))
             logger.info(
                 "partition %s: %d records fetched before its block are left to be read again",
                 tp, len(done.parts[tp].records),

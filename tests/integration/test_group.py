@@ -78,7 +78,8 @@ async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_st
         source._fetch = fetch_then_hold  # type: ignore[method-assign]
         return holding
 
-    await _rebalance_while_held(broker, redis_servers, names, hold_a_fetched_batch)
+    reread = await _rebalance_while_held(broker, redis_servers, names, hold_a_fetched_batch)
+    assert reread > 0  # the held batch was the one left to be read again
 
 
 async def test_a_fetch_that_waits_out_a_rebalance_keeps_the_new_assignments_records(
@@ -105,7 +106,8 @@ async def test_a_fetch_that_waits_out_a_rebalance_keeps_the_new_assignments_reco
         consumer.getmany = getmany_across_the_revoke  # type: ignore[method-assign]
         return entered
 
-    await _rebalance_while_held(broker, redis_servers, names, fetch_after_the_revoke)
+    reread = await _rebalance_while_held(broker, redis_servers, names, fetch_after_the_revoke)
+    assert reread == 0  # its records were the new assignment's: kept
 
 
 async def _rebalance_while_held(
@@ -113,11 +115,12 @@ async def _rebalance_while_held(
     redis_servers: Any,
     names: Any,
     hold: Callable[[RawSource, asyncio.Event], asyncio.Event],
-) -> None:
+) -> float:
     """Gateway one's fetch is held by `hold` (it returns an event set once held)
     while a second gateway joins and one's revoke runs; every id arrives once.
     Records are produced after it is armed, so the held fetch, and the fetch after
-    the revoke, have records to bring whatever one read before."""
+    the revoke, have records to bring whatever one read before. Returns the
+    records one left to be read again after the rebalance (`records_reread`)."""
     topics = Topics(names)
     await topics.create(broker, raw_partitions=6)
     settings = make_settings(broker, topics, redis_urls(redis_servers(3)),
@@ -145,9 +148,11 @@ async def _rebalance_while_held(
             ends = {p: n + second.per_partition[p] for p, n in first.per_partition.items()}
             await wait_committed(broker, topics.group, topics.raw, ends)
         assert revoked.is_set()
+        reread = counter_value(one.metrics.records_reread, "rebalance")
     ids = await clean_ids(broker, topics.clean)
     assert set(ids) == first.unique_ids | second.unique_ids
     assert max(ids.values()) == 1
+    return reread
 
 
 # A plain group member with a long session: SIGSTOPped, the broker waits for it
