@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from pydantic import UrlConstraints
 from pydantic_core import MultiHostUrl
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.retry import Retry as ClusterRetry
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
@@ -100,24 +100,46 @@ def client_for(
             health_check_interval=0,
         )
     hosts = url.hosts()
+    return RedisCluster(
+        startup_nodes=[ClusterNode(str(h["host"]), h["port"] or 6379) for h in hosts],
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=AsyncRetry(ExponentialBackoff(cap=0.1, base=0.01), CLUSTER_ATTEMPTS),
+        # A group whose slots no node serves fails alone; the others go on.
+        require_full_coverage=False,
+        max_connections=CLUSTER_CALLS_PER_GROUP * groups,
+        **_cluster_access(url),
+    )
+
+
+def node_client_for(url: MultiHostUrl, host: str, port: int, timeout_s: float) -> aioredis.Redis:
+    """A plain client of one node of the cluster member at `url`, with the member's
+    credentials and TLS: pipelines the calls of the key groups that node serves."""
+    return aioredis.Redis(
+        host=host,
+        port=port,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=AsyncRetry(NoBackoff(), 0),
+        health_check_interval=0,
+        **_cluster_access(url),
+    )
+
+
+def _cluster_access(url: MultiHostUrl) -> dict[str, Any]:
+    """A cluster URL's credentials (the first seed's, for every node) and TLS options."""
+    first = url.hosts()[0]
     options: dict[str, Any] = {
         key: value for key, value in parse_qsl(url.query or "") if key in _CLUSTER_QUERY
     }
     if "ssl_check_hostname" in options:
         options["ssl_check_hostname"] = options["ssl_check_hostname"].lower() in ("1", "true")
-    return RedisCluster(
-        startup_nodes=[ClusterNode(str(h["host"]), h["port"] or 6379) for h in hosts],
-        username=hosts[0]["username"],
-        password=hosts[0]["password"],
-        ssl=url.scheme == "rediss+cluster",
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=ClusterRetry(ExponentialBackoff(cap=0.1, base=0.01), CLUSTER_ATTEMPTS),
-        # A group whose slots no node serves fails alone; the others go on.
-        require_full_coverage=False,
-        max_connections=CLUSTER_CALLS_PER_GROUP * groups,
+    return {
+        "username": first["username"],
+        "password": first["password"],
+        "ssl": url.scheme == "rediss+cluster",
         **options,
-    )
+    }
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from devtools.harness import (
     running,
 )
 from devtools.topics import read_topic, wait_committed
+from gateway.metrics import total
 from tests.ops.conftest import DEPLOY
 
 ADMIN_PASSWORD = "admin-pw"
@@ -69,3 +70,44 @@ async def test_the_documented_acl_lets_the_gateway_dedup_and_release_and_nothing
             await gw.flushall()
         with pytest.raises(NoPermissionError):
             await gw.set("not-a-mark", 1)
+
+
+def documented_cluster_acl() -> list[str]:
+    """What docs/operations.md adds to the ACL for a Redis Cluster member's nodes."""
+    text = (DEPLOY.parent / "docs/operations.md").read_text()
+    match = re.search(r"what the cluster client needs:\s+`([^`]+)`", text)
+    assert match, "docs/operations.md documents no ACL additions for a cluster member"
+    return match[1].split()
+
+
+async def test_a_cluster_member_works_behind_the_documented_acl_on_every_node(
+    broker: str, redis_servers: Any, redis_clusters: Any, names: Callable[[str], str]
+) -> None:
+    """The member's credentials reach every connection: the cluster client's and the
+    per-node pipelines' (gateway/quorum.py, `_on_masters`). The default user is
+    switched off, so a connection without them is refused."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    cluster = redis_clusters(3)
+    acl = [*documented_acl(), *documented_cluster_acl()]
+    for port in cluster.ports:
+        async with aioredis.Redis(port=port) as admin:
+            await admin.execute_command("ACL", "SETUSER", *acl)  # type: ignore[no-untyped-call]
+            await admin.execute_command("ACL", "SETUSER", "default", "off")  # type: ignore[no-untyped-call]
+    hosts = ",".join(f"127.0.0.1:{port}" for port in cluster.ports)
+    member = f"redis+cluster://{acl[0]}:{GATEWAY_PASSWORD}@{hosts}"
+    standalone = redis_servers(2)
+    urls = [member, *(f"redis://127.0.0.1:{s.port}/0" for s in standalone)]
+    settings = make_settings(broker, topics, urls)
+    ids = [f"acl-{n}".encode() for n in range(300)]
+    async with running(settings) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [(b"k", b"v", [("message-id", i)]) for i in ids])
+        await wait_committed(broker, topics.group, topics.raw, {0: len(ids)})
+        # One standalone member gone: the cluster member's answers now decide.
+        standalone[0].kill()
+        await produce(broker, topics.raw, [(b"k", b"v", [("message-id", i)]) for i in ids])
+        await wait_committed(broker, topics.group, topics.raw, {0: 2 * len(ids)})
+        assert (counter_value(m.forwarded), counter_value(m.duplicates)) == (len(ids), len(ids))
+        assert gateway.quorum.instances[0].nodes, "no per-node pipeline was used"
+        assert total(m.redis_errors, redis=gateway.quorum.instances[0].name) == 0
