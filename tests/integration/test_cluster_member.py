@@ -352,6 +352,35 @@ async def test_calls_pipelined_to_a_master_that_no_longer_holds_their_slots_foll
         await quorum.close()
 
 
+async def test_a_hung_master_holds_back_only_its_own_groups_calls(redis_clusters):
+    """Each master's calls are one pipeline, the masters side by side: a master that
+    stops answering (SIGSTOP) costs its own groups' records their answer, after
+    `[redis] timeout`, and nothing else; once it answers again, so do they."""
+    cluster = redis_clusters(3)
+    quorum = cluster_quorum(cluster, cluster_groups=16, timeout="300ms")
+    try:
+        n = 1200
+        digests = [mark_digest(f"h-{k}".encode()) for k in range(n)]
+        assert await quorum.claim(digests, ["5"] * n) == [[MINE] * n]
+        hung = cluster.ports[0]
+        groups_there = {g for g in range(16)
+                        if cluster.slot_owner_port(f"dd:{{{g}.16}}slice") == hung}  # fmt: skip
+        on_hung = {k for k, d in enumerate(digests) if group_of(d, 16) in groups_there}
+        assert on_hung, "no digest on the first master"
+        cluster.node(hung).pause()
+        try:
+            (replies,) = await quorum.claim(digests, ["6"] * n)
+        finally:
+            cluster.node(hung).resume()
+        assert {k for k, r in enumerate(replies) if r is None} == on_hung
+        assert {r for k, r in enumerate(replies) if k not in on_hung} == {"5"}
+        assert quorum.instances[0].down_groups == groups_there
+        assert await quorum.claim(digests, ["7"] * n) == [["5"] * n]
+        assert not quorum.instances[0].down_groups
+    finally:
+        await quorum.close()
+
+
 async def test_a_burst_of_calls_on_a_cold_cluster_client_all_get_answers(redis_clusters):
     """A cold client's burst of calls made group by group (the epoch read and its
     copy to 256 key groups just after start: over 100 per master at once), then two
