@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--mode", choices=("retry", "release"), help="force the failure mode")
     parser.add_argument("--session", type=float, help="force the gateways' session timeout (s)")
+    parser.add_argument(
+        "--cluster", choices=("yes", "no"),
+        help="force member 0 to be a Redis Cluster, or not (else the seed decides)",
+    )  # fmt: skip
     parser.add_argument("--exclude", default="", help="comma-separated fault or record kinds")
     parser.add_argument("--workdir", type=Path, default=Path(".state/chaos"))
     parser.add_argument("--keep", action="store_true", help="keep the logs of passing runs")
@@ -63,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             profile = "beyond" if random.Random(f"{seed}:profile").random() < 0.25 else "guaranteed"
         else:
             profile = args.profile
+        cluster = None if args.cluster is None else args.cluster == "yes"
         schedule = make_schedule(
-            seed, args.schedule_seconds, profile, args.mode, exclude, args.session
+            seed, args.schedule_seconds, profile, args.mode, exclude, args.session, cluster
         )
         print(schedule.describe(), flush=True)
         workdir = args.workdir.resolve() / f"seed-{seed}"

@@ -2,8 +2,9 @@
 
 The run starts its own Tansu broker (stopping it harms no other test; Tansu
 keeps data in memory, so it is only ever SIGSTOPped, never killed), three
-redis-server processes and the gateways, all on free loopback ports under
-`workdir`. Before each fault it waits for real progress: the raw group must
+quorum members (redis-server processes; member 0 a Redis Cluster of 3
+masters with a replica each in `cluster` runs) and the gateways, all on free
+loopback ports under `workdir`. Before each fault it waits for real progress: the raw group must
 commit offsets beyond what it had committed when the previous fault was
 injected. After the last fault it stops the traffic and waits until every raw
 record and command is committed and every usable id resolved, or until
@@ -40,7 +41,13 @@ from devtools.chaos.standin import SparkStandIn
 from devtools.chaos.timeline import Clock, StepRun, step_context
 from devtools.chaos.traffic import Traffic
 from devtools.harness import Topics
-from devtools.localstack import ManagedProcess, redis_server, tansu_broker
+from devtools.localstack import (
+    ManagedProcess,
+    RedisClusterProcesses,
+    redis_cluster,
+    redis_server,
+    tansu_broker,
+)
 from devtools.topics import create_topics, read_topic
 from gateway.config import load_settings
 from gateway.metrics import Metrics
@@ -126,7 +133,9 @@ class Run:
         if workdir.exists() and any(workdir.iterdir()):
             raise ValueError(f"{workdir} is not empty: a run's logs must be its own")
         self.broker: ManagedProcess = tansu_broker(workdir)
+        # Member 0 of a cluster run is the cluster: `self.redis[0]` is then not started.
         self.redis: list[ManagedProcess] = [redis_server(workdir, f"redis-{i}") for i in range(3)]
+        self.cluster: RedisClusterProcesses | None = None
         self.gateways: list[GatewayProcess] = []
         seed = self.config.seed
         self.topics = Topics(lambda base: f"chaos-{seed}-{base}")
@@ -157,8 +166,12 @@ class Run:
     async def _run(self) -> Observations:
         config, topics = self.config, self.topics
         await asyncio.to_thread(self.broker.start)
-        for server in self.redis:
+        for server in self.redis[1:] if config.cluster else self.redis:
             await asyncio.to_thread(server.start)
+        if config.cluster:
+            self.cluster = await asyncio.to_thread(
+                redis_cluster, self.workdir, "redis-0", 3, "redis-server", 1
+            )
         bootstrap = f"127.0.0.1:{self.broker.port}"
         await create_topics(
             bootstrap,
@@ -172,6 +185,8 @@ class Run:
         )
         toml = self.workdir / "gateway.toml"
         urls = [f"redis://127.0.0.1:{r.port}/0" for r in self.redis]
+        if self.cluster is not None:
+            urls[0] = self.cluster.url
         toml.write_text(gateway_toml(config, bootstrap, topics, urls))
         self.gateways = [
             GatewayProcess(i, toml, self.workdir / f"g{i}.log") for i in range(config.gateways)
@@ -181,6 +196,7 @@ class Run:
         self.event(
             f"stack up: broker :{self.broker.port}, redis "
             f"{[r.port for r in self.redis]}, {config.gateways} gateways"
+            + (f", redis-0 the cluster {self.cluster.ports}" if self.cluster else "")
         )
 
         traffic = Traffic(config, bootstrap, topics.raw, self.clock)
@@ -309,7 +325,7 @@ class Run:
                 gateway.pause()
                 self._restore_later(run, gateway.resume)
         elif fault in REDIS_FAULTS:
-            server = self.redis[step.target]
+            server = self._redis_process(step)
             if fault is Fault.REDIS_STOP:
                 server.pause()
                 self._restore_later(run, server.resume)
@@ -484,11 +500,23 @@ class Run:
             for r in records
         ]
 
+    def _redis_process(self, step: Step) -> ManagedProcess:
+        """The process a Redis fault acts on: the member's, or one master of the
+        cluster member (which one follows from the step; failovers move them)."""
+        if self.cluster is None or step.target != 0:
+            return self.redis[step.target]
+        masters = self.cluster.masters()
+        node = self.cluster.node(masters[step.index % len(masters)])
+        self.event(f"{step.fault} acts on the cluster master :{node.port}")
+        return node
+
     def _teardown(self) -> None:
         for gateway in self.gateways:
             gateway.kill()
         for server in self.redis:
             server.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
         self.broker.stop()
 
     def _skipped_commands(self) -> list[SkippedCommand]:

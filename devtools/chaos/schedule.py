@@ -4,7 +4,10 @@ Every fault class appears once, in a seeded order, then weighted random faults
 follow until the schedule is about `duration_s` long. Under the `guaranteed`
 profile every Redis fault hits the same member, so no id can lose a majority of
 its marks (the README's "one of 3 instances down, hung, or restarted empty");
-under `beyond` any member may fail.
+under `beyond` any member may fail. In some runs (`cluster`) member 0 is a
+Redis Cluster of 3 masters with a replica each: its Redis faults hit one of
+its masters (a kill longer than the cluster's node timeout fails it over to
+its replica).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Literal
 RAW_FETCH_DEADLINE_S = 10.0
 SHORT_SESSION_S = 2.0  # kills are noticed fast; a broker stop outlives every session
 LONG_SESSION_S = 20.0  # a broker stop past the raw-fetch deadline outlives no session
+CLUSTER_SHARE = 0.3  # runs whose member 0 is a Redis Cluster, unless forced
 
 Profile = Literal["guaranteed", "beyond"]
 Mode = Literal["retry", "release"]
@@ -124,6 +128,7 @@ class RunConfig:
     command_stale_share: float = 0.15
     command_reorder_share: float = 0.1
     excluded: frozenset[str] = frozenset()  # fault and hostile-record kinds left out
+    cluster: bool = False  # member 0 is a Redis Cluster (3 masters, a replica each)
 
     @property
     def json_ids(self) -> bool:
@@ -141,7 +146,9 @@ class Schedule:
         where = f"redis-{c.fragile_redis}" if c.profile == "guaranteed" else "any member"
         lines = [
             f"seed {c.seed}: profile={c.profile} mode={c.mode} id={c.id_spec} "
-            f"gateways={c.gateways} session={c.session_timeout_s:g}s redis=3 (faults on {where}) "
+            f"gateways={c.gateways} session={c.session_timeout_s:g}s redis=3 (faults on {where}"
+            + (", redis-0 a 3-master cluster with replicas" if c.cluster else "")
+            + ") "
             f"max_batch_records={c.max_batch_records} max_attempts={c.max_attempts} "
             f"rate={c.rate}/s"
             + (f" excluded={','.join(sorted(c.excluded))}" if c.excluded else ""),
@@ -155,7 +162,7 @@ class Schedule:
         return (
             f"python -m devtools.chaos --seed {c.seed} --schedules 1 "
             f"--schedule-seconds {self.duration_s:g} --profile {c.profile} --mode {c.mode} "
-            f"--session {c.session_timeout_s:g}"
+            f"--session {c.session_timeout_s:g} --cluster {'yes' if c.cluster else 'no'}"
             + (f" --exclude {','.join(sorted(c.excluded))}" if c.excluded else "")
         )
 
@@ -167,12 +174,13 @@ def make_schedule(
     mode: Mode | None = None,
     exclude: Iterable[str] = (),
     session_timeout_s: float | None = None,
+    cluster: bool | None = None,
 ) -> Schedule:
     """The run configuration and faults for `seed`.
 
-    `mode` and `session_timeout_s` force those choices (else the seed makes
-    them); `exclude` leaves out fault classes and hostile record kinds by name
-    (see `KINDS`), e.g. to confirm the rest passes while one is being fixed.
+    `mode`, `session_timeout_s` and `cluster` force those choices (else the seed
+    makes them); `exclude` leaves out fault classes and hostile record kinds by
+    name (see `KINDS`), e.g. to confirm the rest passes while one is being fixed.
     """
     excluded = frozenset(exclude)
     if unknown := excluded - KINDS:
@@ -180,16 +188,22 @@ def make_schedule(
     rng = random.Random(f"{seed}:schedule")
     # Every draw is made whatever is forced, so forcing one choice keeps the others.
     draws = [rng.random() for _ in range(3)]
+    # Its own draw: the seeds' schedules stay what they were before clusters.
+    if cluster is None:
+        cluster = random.Random(f"{seed}:cluster").random() < CLUSTER_SHARE
+    gateways = rng.choice((2, 3))
+    fragile = rng.randrange(3)  # drawn in every run, so the draws after it stay the same
     config = RunConfig(
         seed=seed,
         profile=profile,
         mode=mode or ("release" if draws[0] < 0.3 else "retry"),
         id_spec="json:order.id" if draws[1] < 0.25 else "header:message-id",
-        gateways=rng.choice((2, 3)),
-        fragile_redis=rng.randrange(3),
+        gateways=gateways,
+        fragile_redis=0 if cluster else fragile,  # a cluster run's faults hit the cluster
         session_timeout_s=session_timeout_s
         or (LONG_SESSION_S if draws[2] < 0.25 else SHORT_SESSION_S),
         excluded=excluded,
+        cluster=cluster,
     )
     kinds = [f for f in Fault if f not in excluded]
     first = kinds[:]
