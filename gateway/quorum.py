@@ -422,20 +422,20 @@ class Quorum:
         trust = "unknown" if epoch is None else "trusted" if trusted else "recovering"
         if epoch is None and trust != inst.trust:
             logger.warning(
-                "Redis instance %s holds no epoch, and whether it lost its data cannot be "
+                "Redis member %s holds no epoch, and whether it lost its data cannot be "
                 "decided while fewer than a majority answer: its answers are not counted",
                 inst.name, extra={"redis": inst.name},
             )  # fmt: skip
         elif epoch is not None and not trusted and (lost or trust != inst.trust):
             logger.warning(
-                "Redis instance %s %s (epoch %s, its data began %s): its answers are not "
+                "Redis member %s %s (epoch %s, its data began %s): its answers are not "
                 "counted until `dedup-gateway rebuild %s` or %s",
                 inst.name, "lost its data" if lost else "is recovering", epoch.id,
                 _when(epoch.since_ms), inst.name, _when(epoch.since_ms + self.recovery_ms),
                 extra={"redis": inst.name},
             )  # fmt: skip
         elif trusted and inst.trust not in ("", "trusted"):
-            logger.info("Redis instance %s is trusted again", inst.name, extra={"redis": inst.name})
+            logger.info("Redis member %s is trusted again", inst.name, extra={"redis": inst.name})
         inst.epoch, inst.trusted, inst.trust = epoch, trusted, trust
         if epoch is not None:
             inst.known_id = epoch.id
