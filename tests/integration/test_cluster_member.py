@@ -82,6 +82,22 @@ def copies_of(ids: list[str]) -> list[tuple[bytes, bytes, list[tuple[str, bytes]
     return [(b"k", b"v", [("message-id", i.encode())]) for i in ids]
 
 
+async def replay_deciding_on_the_cluster(
+    broker: str, topics: Topics, standalone: list[ManagedProcess], ids: set[str],
+    done: dict[int, int],
+) -> list[str]:  # fmt: skip
+    """Kill the first standalone member, so the cluster member's answers decide, and
+    replay a copy of every id in `ids` (into partition 0: `done` is moved on); the
+    ids, sorted."""
+    standalone[0].kill()
+    every = sorted(ids)
+    replays = copies_of(every)
+    await produce(broker, topics.raw, replays)
+    done[0] += len(replays)
+    await wait_committed(broker, topics.group, topics.raw, done)
+    return every
+
+
 @pytest.mark.parametrize("server", SERVERS)
 async def test_each_id_forwarded_once_and_the_cluster_members_answers_count(
     broker, redis_servers, redis_clusters, names, server
@@ -222,12 +238,9 @@ async def test_resharding_a_paused_cluster_member_while_records_flow_loses_and_r
 
         # With one standalone member gone, the cluster's answers decide: the marks
         # in the moved groups and those it missed while paused are all there.
-        standalone[0].kill()
-        every = sorted(first.unique_ids | second.unique_ids)
-        replays = copies_of(every)
-        await produce(broker, topics.raw, replays)
-        done[0] += len(replays)
-        await wait_committed(broker, topics.group, topics.raw, done)
+        every = await replay_deciding_on_the_cluster(
+            broker, topics, standalone, first.unique_ids | second.unique_ids, done
+        )
     assert moved and all(cluster.slot_owner_port(key) == target for key in moving)
     assert None not in await owners_on(cluster, every, cluster_groups=16)
     out = await clean_ids(broker, topics.clean)
@@ -439,12 +452,9 @@ async def test_a_master_failing_over_to_its_replica_leaves_the_member_trusted_wi
 
         # With one standalone member gone, the cluster's answers decide: every mark
         # is on it, the failed-over groups' too.
-        standalone[0].kill()
-        every = sorted(first.unique_ids | second.unique_ids)
-        replays = copies_of(every)
-        await produce(broker, topics.raw, replays)
-        done[0] += len(replays)
-        await wait_committed(broker, topics.group, topics.raw, done)
+        every = await replay_deciding_on_the_cluster(
+            broker, topics, standalone, first.unique_ids | second.unique_ids, done
+        )
     assert None not in await owners_on(cluster, every)
     out = await clean_ids(broker, topics.clean)
     assert set(out) == set(every) and max(out.values()) == 1
