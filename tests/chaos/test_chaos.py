@@ -10,8 +10,6 @@ rules are listed in devtools/chaos/__init__.py.
 
 The CI seeds stay within the documented guarantees (profile `guaranteed`: Redis
 faults hit one member only). `make chaos` runs many more seeds, some beyond them.
-The third schedule's member 0 is a Redis Cluster (3 masters, a replica each)
-whose masters take the Redis faults (`--cluster yes`).
 """
 
 from __future__ import annotations
@@ -33,11 +31,10 @@ SECONDS = 40.0  # of faults; a passing run took 40-80 s here, a failing one up t
 
 
 async def _run(
-    seed: int, seconds: float | None, tmp_path: Path, mode: Mode, session_timeout_s: float,
-    cluster: bool = False,
-) -> None:  # fmt: skip
+    seed: int, seconds: float | None, tmp_path: Path, mode: Mode, session_timeout_s: float
+) -> None:
     schedule = make_schedule(
-        seed, seconds or SECONDS, "guaranteed", mode, NOT_YET_FIXED, session_timeout_s, cluster
+        seed, seconds or SECONDS, "guaranteed", mode, NOT_YET_FIXED, session_timeout_s, False
     )
     result = await run_schedule(schedule, tmp_path / "chaos")
     print(result.summary())
@@ -60,12 +57,3 @@ async def test_release_mode_under_seeded_faults_loses_nothing_and_processes_no_i
     tmp_path: Path, chaos_seed: int | None, chaos_seconds: float | None
 ) -> None:
     await _run(chaos_seed or 8, chaos_seconds, tmp_path, "release", session_timeout_s=2.0)
-
-
-@pytest.mark.chaos_schedule
-@pytest.mark.timeout(420)
-async def test_a_cluster_member_whose_masters_fail_loses_nothing_and_processes_no_id_twice(
-    tmp_path: Path, chaos_seed: int | None, chaos_seconds: float | None
-) -> None:
-    await _run(chaos_seed or 19, chaos_seconds, tmp_path, "release", session_timeout_s=2.0,
-               cluster=True)  # fmt: skip
