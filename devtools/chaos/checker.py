@@ -126,9 +126,12 @@ class _Index:
         """Where an id's copies came from and what happened to each delivery."""
         copies = self.copies.get(message_id, [])
         first = copies[0] if copies else None
+        last = copies[-1] if len(copies) > 1 else None
         text = (
             f"{len(copies)} raw copies (first {first.where} at t={first.at:.1f}s "
-            f"{self.when(first.at)})"
+            f"{self.when(first.at)}"
+            + (f"; last {last.where} at t={last.at:.1f}s" if last else "")
+            + ")"
             if first
             else "no raw copy"
         )
