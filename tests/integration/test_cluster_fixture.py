@@ -36,7 +36,15 @@ def cluster(
 
 @pytest.fixture
 async def client(cluster: RedisClusterProcesses) -> AsyncIterator[RedisCluster]:
-    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port) for port in cluster.ports])
+    # Room for the tests' 300 calls side by side (redis-py's default is 100 per node,
+    # past which it refuses calls), and the slot map read before them: a cold
+    # client's first calls race its own refresh (redis-py can hand one a connection
+    # the refresh just closed: 'NoneType' object has no attribute 'writelines').
+    client = RedisCluster(
+        startup_nodes=[ClusterNode("127.0.0.1", port) for port in cluster.ports],
+        max_connections=1000,
+    )
+    await client.initialize()
     yield client
     await client.aclose()
 
