@@ -1,0 +1,22 @@
+"""CI runs the README's own test command: `.ci/run` and the README's first screen
+cannot drift apart."""
+
+from __future__ import annotations
+
+import re
+
+from tests.ops.conftest import REPO
+
+
+def first_code_block(markdown: str) -> list[str]:
+    match = re.search(r"^```sh\n(.*?)^```", markdown, re.S | re.M)
+    assert match, "the README has no sh code block"
+    return match[1].splitlines()
+
+
+def test_ci_runs_the_readme_test_command_as_written() -> None:
+    readme = first_code_block((REPO / "README.md").read_text())
+    test_command = next(line for line in readme if line.startswith("make test"))
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    commands = [line for line in ci if line and not line.startswith(("#", "set ", "cd "))]
+    assert commands == [test_command]
