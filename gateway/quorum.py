@@ -847,8 +847,10 @@ class Quorum:
                                                         self.timeout)  # fmt: skip
             by_node.setdefault(node.name, []).append(n)
 
-        # A group whose call got no answer gets no more calls in this batch: its chunks
-        # run in order, or not at all (as `_run` does for a standalone member).
+        # A group whose call got no answer (or was refused) gets no more calls in this
+        # batch: its chunks run in order, or not at all (as `_run` does for a standalone
+        # member). In a pipelined trip, a chunk whose script failed (ResponseError) stops
+        # nothing, as there; a call sent again alone stops its group on any failure.
         stopped: set[int] = set()
 
         async def again(ns: Sequence[int]) -> None:
@@ -881,9 +883,8 @@ class Quorum:
                         continue
                     if isinstance(reply, _MISPLACED):
                         misplaced.append(n)
-                    elif isinstance(reply, ResponseError):
+                    elif isinstance(reply, ResponseError):  # it ran and failed: its own only
                         self._failed(inst, "response", str(reply), group)
-                        stopped.add(group)
                     elif isinstance(reply, bytes) and self._refused(inst, reply):
                         stopped.add(group)
                     else:
