@@ -48,11 +48,12 @@ _CLUSTER_QUERY = {
 # How far a cluster call may be redirected (MOVED/ASK) or retried (TRYAGAIN, a node
 # failing over) inside our own `[redis] timeout`.
 CLUSTER_ATTEMPTS = 3
-# A gateway has at most one call per key group in flight for each of its concurrent
-# operations (claims of two batches, repairs, fills, epoch reads, the failure
-# loop's, coalescing): the connections a node may need at once. redis-py's own
-# bound (100 per node) refused the calls past it with MaxConnectionsError, so a
-# burst over many groups made groups of a healthy member give no answer.
+# The cluster client carries the calls made group by group (epoch reads and copies,
+# calls sent again after a redirect; the rest goes pipelined per master on
+# `node_client_for` connections): at most one per key group for each concurrent
+# operation. redis-py's own bound (100 per node) refused the calls past it with
+# MaxConnectionsError, so a burst over many groups made groups of a healthy member
+# give no answer.
 CLUSTER_CALLS_PER_GROUP = 8
 
 
