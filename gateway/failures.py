@@ -4,9 +4,10 @@ A command (failure topic; key = id, value = JSON with `id`, `token`, `reason`,
 `source` {topic, partition, offset}, optional `attempt` and `reasons`) says
 processing of one clean record failed. Per `[failures] mode`:
 
-- `release` (the patent): delete the id's mark where it still holds `token`
-  (compare-and-delete on every instance; released when a majority did). The
-  next copy the producer sends is then new.
+- `release` (the patent): release the id's mark where it still holds `token`
+  (compare-and-set to the tombstone `-token` on every instance; released when
+  a majority did, or had before: a redone command). The next copy the
+  producer sends is then new.
 - `retry` (default): hand the mark over from the failed attempt's token to the
   next attempt's, then, after a backoff that doubles per attempt, fetch the raw
   record by its coordinates and forward it again with `dedup-attempt` + 1.

@@ -39,7 +39,8 @@ given a new, recovering epoch (gateway/quorum.py, `_spread`).
   expire, i.e. a record replayed across the upgrade is forwarded again.)
 - A released mark (`release`, the failure loop's release mode, `redrive`)
   is not deleted: it holds `-<token>` of the owner it was released from. Any
-  other copy claims it as if it were absent, but a replay of the released
+  other copy claims it as if it were absent (its claim answers `=<token>`, so
+  the vote knows that token is released, gateway/vote.py), but a replay of the released
   source record (same token: a gateway that re-reads its uncommitted batch
   after a crash or rebalance) is a duplicate of `-<token>`. Deleting it
   instead let that replay take the id back under the old token, which the

@@ -40,7 +40,7 @@ from gateway.records import (
     source_ref,
 )
 from gateway.sink import Sink
-from gateway.vote import MINE, Outcome, decide
+from gateway.vote import MINE, TOOK_OVER, Outcome, decide, holder
 
 logger = logging.getLogger(__name__)
 
@@ -283,8 +283,9 @@ class Pipeline:
                 if row == all_mine:
                     outcomes.append(Outcome.FORWARD)
                     continue
-                if (held := row[0]) is not None and row.count(held) == size:  # one other owner
-                    outcomes.append(Outcome.DUPLICATE)
+                held = row[0]
+                if type(held) is str and held[0] != TOOK_OVER and row.count(held) == size:
+                    outcomes.append(Outcome.DUPLICATE)  # one other owner (or tombstone)
                     continue
             votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
             decision = decide(owner, votes, quorum, trusted)
@@ -295,9 +296,9 @@ class Pipeline:
                 if reply is None:
                     fills[i].append((digest, decision.winner, owner))
                     continue
-                seen = owner if reply == MINE else reply
+                seen = holder(owner, reply)
                 if seen != decision.winner:
-                    repairs[i].append((digest, str(seen), decision.winner))
+                    repairs[i].append((digest, seen, decision.winner))
         if any(repairs):
             await self.quorum.repair(repairs)
         if any(fills):

@@ -152,17 +152,23 @@ end
 -- else the owner that does. HSETNX in the current slice decides a new id in
 -- one call; older slices are searched only for what it claimed (and undone if
 -- an older slice holds the id). A released mark is claimed by any other
--- owner; to the owner it was released from it stays released ('-' .. owner:
--- the replay is a duplicate, and the producer's next copy can still claim it).
+-- owner, which is told so: '=' .. the released token (the vote then counts
+-- that token as released on the instances the release has not reached yet,
+-- gateway/vote.py). To the owner it was released from it stays released
+-- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
 local function claim(slices, digest, owner, at, now, done)
   local h = hash_of(digest)
   local bucket = bucket_of(slices[1], h)
   local held
   if redis.call('HSETNX', bucket, digest, owner) == 1 then
     local _, older = find(slices, digest, h, 2)
-    if not older or (released(older) and older ~= '-' .. owner) then
+    if not older then
       expire(bucket, at, now, done)
       return 1
+    end
+    if released(older) and older ~= '-' .. owner then
+      expire(bucket, at, now, done)
+      return '=' .. string.sub(older, 2)
     end
     redis.call('HDEL', bucket, digest)
     held = older
@@ -171,7 +177,7 @@ local function claim(slices, digest, owner, at, now, done)
     if released(held) and held ~= '-' .. owner then
       redis.call('HSET', bucket, digest, owner)
       expire(bucket, at, now, done)
-      return 1
+      return '=' .. string.sub(held, 2)
     end
   end
   if held == owner then return 1 end
@@ -205,7 +211,9 @@ end
 # holds another); ARGV[6]: digest length L; ARGV[7]: the n digests,
 # concatenated (n*L bytes); ARGV[8]: the n owner tokens, each followed by ','.
 # Reply per digest: 1 when the mark is held by that owner (just claimed, or a
-# replay of the same source record), otherwise the owner token that holds it.
+# replay of the same source record), '=<token>' when it was just claimed over
+# <token>'s tombstone (a released mark), otherwise the owner token that holds
+# it ('-<token>' to the released record itself).
 # Or, instead of a list, 'epoch:<epoch held>' when the epoch differs.
 CLAIM = (
     WRITES
@@ -227,7 +235,8 @@ return out
 
 # Complete the marks of an instance that gave no answer to a vote
 # (gateway/quorum.py): each digest ends up held by the vote's winner where it
-# is absent or released, or where it holds the token the unanswered claim carried (that
+# is absent or released (not by the winner itself: a release that landed after
+# the vote stays), or where it holds the token the unanswered claim carried (that
 # claim may have run late, e.g. on an instance that hung, once it resumed);
 # any other owner's mark is left as it is (the next vote that sees it repairs it).
 # ARGV[5]: the epoch id the caller expects (nothing is written if the instance
@@ -247,7 +256,7 @@ local n, done = 0, {}
 for i = 1, #digests / len do
   local digest, winner, token = string.sub(digests, (i - 1) * len + 1, i * len), winners(), sent()
   local bucket, held = find(slices, digest, hash_of(digest), 1)
-  if not held or (released(held) and held ~= winner) then
+  if not held or (released(held) and held ~= winner and held ~= '-' .. winner) then
     put(slices, digest, winner, at, now, done)
     n = n + 1
   elseif held == token and held ~= winner then
@@ -260,7 +269,9 @@ return n
 )
 
 # Rewrite a minority mark to the vote's winner, only if it still holds what the
-# vote saw (compare-and-set), in the bucket that holds it (keeping its expiry).
+# vote saw, or that owner's tombstone (its release landed after the vote: the
+# next copy must not find a free id there), compare-and-set, in the bucket
+# that holds it (keeping its expiry).
 # ARGV[5..]: digest, owner seen, winner; per mark. Reply: marks rewritten.
 REPAIR = (
     WRITES
@@ -270,7 +281,7 @@ local slices = live_slices()
 local n = 0
 for i = 5, #ARGV, 3 do
   local bucket, held = find(slices, ARGV[i], hash_of(ARGV[i]), 1)
-  if held == ARGV[i + 1] then
+  if held and (held == ARGV[i + 1] or held == '-' .. ARGV[i + 1]) and held ~= ARGV[i + 2] then
     redis.call('HSET', bucket, ARGV[i], ARGV[i + 2])
     n = n + 1
   end
@@ -283,6 +294,8 @@ return n
 # (compare-and-set): a stale token, whose id was claimed again since, changes
 # nothing. The mark becomes '-' .. token (see `claim`): the id is free for any
 # other copy, while a replay of the released source record stays a duplicate.
+# A mark released from that token already (a command redone; a vote's repair
+# that saw the release elsewhere first) answers 1 too.
 # ARGV[5..]: digest, token; per mark. Reply per mark: 1 released, 0 not.
 RELEASE = (
     WRITES
@@ -294,6 +307,8 @@ for i = 5, #ARGV, 2 do
   local bucket, held = find(slices, ARGV[i], hash_of(ARGV[i]), 1)
   if held == ARGV[i + 1] then
     redis.call('HSET', bucket, ARGV[i], '-' .. held)
+    out[#out + 1] = 1
+  elseif held == '-' .. ARGV[i + 1] then
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

@@ -13,6 +13,17 @@ instances and m = N//2 + 1:
   and exactly one copy is forwarded;
 - otherwise (too few answers to know): UNDECIDED, handled by `on_no_quorum`.
 
+Released marks (release mode, gateway/keys.py) hold `-<token>`: the id is
+free, and `token` must never own it again. An instance may not have seen the
+release yet (it runs on each instance in turn, racing claims), so a token
+whose release any answer shows counts as released everywhere: a tombstone
+`-T` on one instance and `T` on another are two tombstones; a claim that took
+a tombstone answers `=T` (mine, and `T` was released). Tombstones never beat a
+live owner. Without this, a replay of the released record racing its release
+won a 1:1 tie (`T` is one character shorter than `-T`) and was forwarded with
+the token the job had already processed, and the repair brought `T` back: the
+id was never processed again (chaos seed 19).
+
 Instances that lost their marks (recovering) are not counted: their replies
 come as None and `counted` says how many are. With one of three recovering, a
 1:1 split of the other two is thus decided like a split of all three: without
@@ -28,11 +39,14 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 MINE = 1
-Reply = int | str | None  # MINE, another owner's token, or no answer
+# MINE, another owner's token (a tombstone: `-<token>`), `=<token>` (mine, taken
+# over <token>'s tombstone), or no answer.
+Reply = int | str | None
+TOMBSTONE, TOOK_OVER = "-", "="
 
 
 class Outcome(enum.Enum):
@@ -53,18 +67,40 @@ def decide(own: str, replies: Sequence[Reply], quorum: int, counted: int | None 
     A reply that is not counted (an instance that lost its marks) is passed as
     None, and `counted` is the number of counted instances (default: all).
     """
-    owners = Counter(own if reply == MINE else str(reply) for reply in replies if reply is not None)
-    if not owners:
+    answered = [reply for reply in replies if reply is not None]
+    if not answered:
         return Decision(Outcome.UNDECIDED, None)
-    winner, marks = leader(owners)
+    released = {r[1:] for r in answered if type(r) is str and r[:1] == TOOK_OVER}
+    owners = Counter(holder(own, reply) for reply in answered)
+    winner, marks = leader(owners, released)
     expected = len(replies) if counted is None else counted
-    if marks < quorum and (sum(owners.values()) < expected or expected < quorum):
+    if marks < quorum and (len(answered) < expected or expected < quorum):
         return Decision(Outcome.UNDECIDED, None)
     return Decision(Outcome.FORWARD if winner == own else Outcome.DUPLICATE, winner)
 
 
-def leader(owners: Mapping[str, int]) -> tuple[str, int]:
+def holder(own: str, reply: Reply) -> str:
+    """Who holds the mark on an instance that answered `reply` to `own`'s claim."""
+    if reply == MINE or (type(reply) is str and reply[:1] == TOOK_OVER):
+        return own
+    return str(reply)
+
+
+def leader(owners: Mapping[str, int], released: Iterable[str] = ()) -> tuple[str, int]:
     """The owner with the most marks and its count; among equals, the smallest token
-    (a rule every gateway, and a rebuild, shares). `owners` must not be empty."""
+    (a rule every gateway, and a rebuild, shares). `owners` must not be empty.
+
+    A token in `released`, or whose tombstone is among `owners`, counts as its
+    tombstone; tombstones come after every live owner, whatever their counts.
+    """
+    dead = {o[1:] for o in owners if o[:1] == TOMBSTONE}.union(released)
+    if dead:
+        folded: Counter[str] = Counter()
+        for owner, count in owners.items():
+            folded[TOMBSTONE + owner if owner in dead else owner] += count
+        owners = folded
     # (len, text) orders decimal tokens numerically without parsing foreign values.
-    return min(owners.items(), key=lambda item: (-item[1], len(item[0]), item[0]))
+    return min(
+        owners.items(),
+        key=lambda item: (item[0][:1] == TOMBSTONE, -item[1], len(item[0]), item[0]),
+    )

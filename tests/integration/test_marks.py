@@ -86,13 +86,14 @@ async def test_release_frees_the_id_for_another_copy_but_not_for_a_replay_of_the
     a, b, c = digests("rel", 3)
     await quorum.claim([a, b, c], ["1", "2", "5"])
     assert await quorum.release([a, b, c], ["1", "999", "5"]) == [[1, 0, 1]]
-    assert await quorum.release([a], ["1"]) == [[0]]  # a second copy of the command
+    assert await quorum.release([a], ["1"]) == [[1]]  # a second copy: released already
     # The released record replayed (a gateway re-reading an uncommitted batch) stays a
     # duplicate of the release, so it cannot take the id back under its old token.
     assert await quorum.claim([a], ["1"]) == [["-1"]]
     (view,) = await quorum.inspect(a)
     assert view is not None and view.owner == "-1"
-    assert await quorum.claim([a, b], ["3", "4"]) == [[MINE, "2"]]  # the producer's next copy
+    # The producer's next copy takes it, and is told whose release it took over.
+    assert await quorum.claim([a, b], ["3", "4"]) == [["=1", "2"]]
     assert await quorum.claim([a], ["1"]) == [["3"]]
     assert await quorum.release([a], ["1"]) == [[0]]  # stale: the id is held again
     # A released mark is handed to a retry's next attempt like an absent one.
@@ -115,7 +116,7 @@ async def test_a_released_mark_in_an_older_slice_frees_the_id_the_same_way(
         await quorum.claim([next(filler)], ["8"])  # opens the next slice once 1 s passed
         await asyncio.sleep(0.05)
     assert await quorum.claim([mark], ["1"]) == [["-1"]]
-    assert await quorum.claim([mark], ["3"]) == [[MINE]]
+    assert await quorum.claim([mark], ["3"]) == [["=1"]]  # taken over the older slice's tombstone
     assert await quorum.claim([mark], ["1"]) == [["3"]]
 
 

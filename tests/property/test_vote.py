@@ -11,7 +11,7 @@ from devtools.harness import Topics, make_settings
 from gateway.keys import mark_digest
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
-from gateway.vote import MINE, Outcome, decide
+from gateway.vote import MINE, Decision, Outcome, decide
 
 N = st.sampled_from([1, 3, 5, 7])
 TOKENS = st.sampled_from(["11", "22", "333", "4"])
@@ -136,8 +136,38 @@ class _FixedReplies:
         self.filled += [digest for todo in per_member for digest, _, _ in todo]
 
 
-@given(st.lists(st.lists(st.one_of(st.none(), st.just(MINE), TOKENS), min_size=3, max_size=3),
-                min_size=1, max_size=30))  # fmt: skip
+# What a member may answer a claim by "9": nothing, mine, another owner, a tombstone
+# (to the released record itself: "-9"), or mine over another's tombstone.
+REPLIES = st.one_of(st.none(), st.just(MINE), TOKENS, st.sampled_from(["-9", "-11", "=11", "=22"]))
+
+
+@given(st.lists(REPLIES, min_size=1, max_size=7), st.data())
+def test_a_released_token_never_wins_and_never_beats_a_live_owner(replies, data):
+    """Whichever members the release reached first: a token whose release any answer
+    shows is not forwarded or made the winner, and a tombstone wins only where no
+    live owner answered."""
+    n = len(replies)
+    counted = data.draw(st.integers(len([r for r in replies if r is not None]), n))
+    decision = decide("9", replies, n // 2 + 1, counted)
+    released = {r[1:] for r in replies if isinstance(r, str) and r[0] in "-="}
+    assert decision.winner not in released
+    if "9" in released:
+        assert decision.outcome is not Outcome.FORWARD
+    holders = {"9" if r == MINE or str(r)[0] == "=" else str(r) for r in replies if r is not None}
+    if holders - released - {h for h in holders if h[0] == "-"} and decision.winner is not None:
+        assert not decision.winner.startswith("-")
+
+
+def test_a_replay_racing_its_release_is_a_duplicate_and_a_copy_racing_it_wins():
+    # Chaos seed 19: two counted members, the release reached one. Before, "9" won
+    # the 1:1 tie (shorter than "-9") and was forwarded again.
+    assert decide("9", ["-9", MINE, None], 2, counted=2) == Decision(Outcome.DUPLICATE, "-9")
+    # Another copy took the tombstone on one member and met "9" on the other.
+    assert decide("22", ["=9", "9", None], 2, counted=2) == Decision(Outcome.FORWARD, "22")
+    assert decide("11", ["22", "-9", "-9"], 2) == Decision(Outcome.DUPLICATE, "22")
+
+
+@given(st.lists(st.lists(REPLIES, min_size=3, max_size=3), min_size=1, max_size=30))
 def test_the_data_paths_vote_decides_every_row_as_decide_does(rows):
     """`Pipeline.vote` skips the counting for unanimous rows: the outcomes are still
     `decide`'s, and a row held by one other owner everywhere is neither repaired nor
