@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any, Literal, cast
@@ -39,7 +39,7 @@ from gateway.records import (
     quarantine_record,
     source_ref,
 )
-from gateway.sink import Sink
+from gateway.sink import Prepared, Sink
 from gateway.vote import MINE, TOOK_OVER, Outcome, decide, holder
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,11 @@ class Decided:
     blocked: dict[TopicPartition, int] = field(default_factory=dict)  # rewind here, pause
     duplicates: int = 0
     undecided: dict[str, int] = field(default_factory=dict)  # by action taken
+    # Without scheduled delivery, `forward` and `forward_to` are built into produce
+    # batches as soon as the batch is decided (`Pipeline.end`), then emptied:
+    prepared: list[Prepared] = field(default_factory=list)
+    prepared_records: int = 0
+    prepared_timestamps: list[int | None] = field(default_factory=list)  # for the latency
 
 
 @dataclass
@@ -216,7 +221,21 @@ class Pipeline:
         decided = classify(parts, self.policy)
         for action, count in decided.undecided.items():
             self.metrics.undecided.labels(action).inc(count)
+        if self.delay is None:  # (coalescing needs it too) what to forward is known now
+            await self._prepare(decided)
         return decided
+
+    async def _prepare(self, decided: Decided) -> None:
+        """Build the clean copies' produce batches now, while their records are in the
+        CPU's cache, and let the copies go (gateway/sink.py, `Sink.prepare`); they are
+        sent in `finish`, in fetch order as always."""
+        targets = [(self.settings.kafka.clean_topic, decided.forward), *decided.forward_to.items()]
+        for topic, rows in targets:
+            if rows:
+                decided.prepared.append(await self.sink.prepare(topic, rows))
+                decided.prepared_records += len(rows)
+                decided.prepared_timestamps += [r[2] for r in rows]
+        decided.forward, decided.forward_to = [], {}
 
     def _ids(self, records: Sequence[Record]) -> tuple[list[bytes | BadRecord], int]:
         """Each record's id, or the BadRecord saying why it has none; and how many have none."""
@@ -249,14 +268,19 @@ class Pipeline:
             self.deliver(self.settings.kafka.clean_topic, forward),
             *(self.deliver(tier, records) for tier, records in delayed.items()),
             *(self.deliver(topic, records) for topic, records in decided.forward_to.items()),
+            *(self._acknowledged(self.sink.ship(prepared)) for prepared in decided.prepared),
         )
-        self._observe_latency(forward)
+        now_ms = time.time() * 1000
+        self.metrics.observe_forward_latency(now_ms, decided.prepared_timestamps)
+        self.metrics.observe_forward_latency(now_ms, [r[2] for r in forward])
         for records in decided.forward_to.values():
-            self._observe_latency(records)
+            self.metrics.observe_forward_latency(now_ms, [r[2] for r in records])
         quarantine = [self._quarantined(rec, exc) for rec, exc in decided.quarantine]
         await self.deliver(self.settings.kafka.quarantine_topic, quarantine)
         self.metrics.forwarded.inc(
-            len(decided.forward) + sum(map(len, decided.forward_to.values()))
+            decided.prepared_records
+            + len(decided.forward)
+            + sum(map(len, decided.forward_to.values()))
         )
         self.metrics.duplicates.inc(decided.duplicates)
         return decided.commits
@@ -308,12 +332,12 @@ class Pipeline:
     async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:
         """Produce and wait for the broker's acknowledgement of every record."""
         if records:
-            futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
-            await asyncio.gather(*futures)
+            await self._acknowledged(self.sink.send(topic, records))
 
-    def _observe_latency(self, acknowledged: Sequence[OutRow]) -> None:
-        """End-to-end age of the forwarded records (raw timestamp to clean ack)."""
-        self.metrics.observe_forward_latency(time.time() * 1000, [r[2] for r in acknowledged])
+    @staticmethod
+    async def _acknowledged(sending: Awaitable[list[asyncio.Future[Any]]]) -> None:
+        """Wait for the broker's acknowledgement of every batch `sending` queues."""
+        await asyncio.gather(*await sending)
 
     def _quarantined(self, rec: Record, exc: BadRecord) -> OutRecord:
         self.metrics.quarantined.labels(exc.reason).inc()

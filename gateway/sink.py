@@ -19,6 +19,7 @@ import logging
 import struct
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -81,6 +82,15 @@ def fill(batch: BatchBuilder, rows: Sequence[OutRow], start: int) -> int:
     return start + offset
 
 
+@dataclass
+class Prepared:
+    """The produce batches of some records for one topic, built and not yet sent."""
+
+    topic: str
+    batches: list[tuple[int, BatchBuilder]] = field(default_factory=list)  # (partition, batch)
+    too_large: list[OutRow] = field(default_factory=list)  # each alone over the limit
+
+
 class Sink:
     def __init__(self, producer: AIOKafkaProducer, kafka: KafkaSettings, metrics: Metrics) -> None:
         self.producer = producer
@@ -100,6 +110,18 @@ class Sink:
 
     async def send(self, topic: str, records: Iterable[OutRow]) -> list[asyncio.Future[Any]]:
         """Queue `records` on `topic`; returns one delivery future per produced batch."""
+        return await self.ship(await self.prepare(topic, records))
+
+    async def prepare(self, topic: str, records: Iterable[OutRow]) -> Prepared:
+        """Partition `records` and build their batches; nothing is sent yet (`ship`).
+
+        The pipeline builds a batch's produce batches as soon as it is decided,
+        while its records are still in the CPU's cache, and sends them when the
+        batch before it is committed: appended later, cold, the same records
+        cost aiokafka's builder three times as much (bench/RESULTS.md, "the
+        batch builder on cold records"). The records may be dropped once this
+        returns: the batches hold their bytes.
+        """
         parts = await self._partitions_of(topic)
         count = len(parts)
         by_partition: dict[int, list[OutRow]] = defaultdict(list)
@@ -114,40 +136,37 @@ class Sink:
                 index = key_hash[key] = murmur2(key) & 2147483647
             by_partition[parts[index % count]].append(rec)
 
-        futures: list[asyncio.Future[Any]] = []
-        too_large: list[OutRow] = []
+        prepared = Prepared(topic)
         for partition, recs in by_partition.items():
             at = 0
             while at < len(recs):
                 batch = self.producer.create_batch()
                 end = fill(batch, recs, at)
-                futures += await self._ship(batch, topic, partition, recs[at], too_large)
+                # Judged once per batch, not per record: the producer's batches are
+                # at most `max_request_bytes` (`build_producer`), and a builder only
+                # goes past its limit with its first record, which then ends it. Only
+                # a batch of that ONE record is set aside.
+                if batch.size() > self.max_bytes and batch.record_count() == 1:
+                    prepared.too_large.append(recs[at])
+                else:
+                    prepared.batches.append((partition, batch))
                 at = end
-        if too_large:  # the copies fit (a reason and a source within 1 KiB): no deeper recursion
+        return prepared
+
+    async def ship(self, prepared: Prepared) -> list[asyncio.Future[Any]]:
+        """Send what `prepare` built; a record the broker would refuse goes to the
+        quarantine topic instead. One delivery future per produced batch."""
+        topic = prepared.topic
+        futures = [
+            await self.producer.send_batch(batch, topic, partition=partition)
+            for partition, batch in prepared.batches
+        ]
+        if prepared.too_large:  # the copies fit (a reason and a source within 1 KiB)
             futures += await self.send(
-                self.quarantine_topic, [self._refused(topic, OutRecord(*rec)) for rec in too_large]
+                self.quarantine_topic,
+                [self._refused(topic, OutRecord(*rec)) for rec in prepared.too_large],
             )
         return futures
-
-    async def _ship(
-        self,
-        batch: BatchBuilder,
-        topic: str,
-        partition: int,
-        first: OutRow,
-        too_large: list[OutRow],
-    ) -> list[asyncio.Future[Any]]:
-        """Send `batch`, unless it is one record, `first`, that the broker would refuse:
-        that one goes on `too_large` instead.
-
-        Judged once per batch, not per record: the producer's batches are at most
-        `max_request_bytes` (`build_producer`), and a builder only goes past its
-        limit with its first record, which then ends it.
-        """
-        if batch.size() > self.max_bytes and batch.record_count() == 1:
-            too_large.append(first)
-            return []
-        return [await self.producer.send_batch(batch, topic, partition=partition)]
 
     def _refused(self, topic: str, rec: OutRecord) -> OutRecord:
         size = record_size(rec.key, rec.value, rec.headers)

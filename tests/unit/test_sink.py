@@ -62,7 +62,7 @@ def test_fill_takes_a_record_over_the_batch_size_alone_and_ends_the_batch():
 
 
 async def test_the_producer_never_builds_a_batch_over_max_request_bytes():
-    """The sink judges sizes once per batch (`Sink._ship`): this is what makes it right."""
+    """The sink judges sizes once per batch (`Sink.prepare`): this is what makes it right."""
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:9", max_request_bytes=4096)
     producer = build_producer(kafka)  # never started: no connection
     try:
