@@ -55,13 +55,20 @@ async def release_on(server: ManagedProcess, digest: bytes, token: str) -> list[
         return await one.release([digest], [token])
 
 
+async def released_on_the_first(servers: Servers, pipeline: Pipeline, message_id: bytes) -> bytes:
+    """T forwarded (the job then failed it), its release done on the first member only:
+    the release command's second call has not run yet. The id's digest."""
+    digest = mark_digest(message_id)
+    assert await vote(pipeline, message_id, T) is Outcome.FORWARD
+    assert await release_on(servers[0], digest, T) == [[1]]
+    return digest
+
+
 async def test_a_replay_of_the_released_record_racing_its_release_is_a_duplicate(
     recovering_third: tuple[Servers, Pipeline],
 ) -> None:
     servers, pipeline = recovering_third
-    digest = mark_digest(b"id-19")
-    assert await vote(pipeline, b"id-19", T) is Outcome.FORWARD  # processed, then failed
-    assert await release_on(servers[0], digest, T) == [[1]]
+    digest = await released_on_the_first(servers, pipeline, b"id-19")
     # The record is read again (a rebalance) between the release's two calls.
     assert await vote(pipeline, b"id-19", T) is Outcome.DUPLICATE
     assert await release_on(servers[1], digest, T) == [[1]]  # released there already
@@ -76,9 +83,7 @@ async def test_a_copy_racing_the_release_is_forwarded_once(
     recovering_third: tuple[Servers, Pipeline],
 ) -> None:
     servers, pipeline = recovering_third
-    digest = mark_digest(b"id-20")
-    assert await vote(pipeline, b"id-20", T) is Outcome.FORWARD
-    assert await release_on(servers[0], digest, T) == [[1]]
+    digest = await released_on_the_first(servers, pipeline, b"id-20")
     # The next copy claims between the release's two calls: it takes the tombstone
     # on the first member and meets T, not yet released, on the second.
     assert await vote(pipeline, b"id-20", U2) is Outcome.FORWARD
@@ -92,9 +97,7 @@ async def test_a_release_redone_after_only_one_member_answered_is_released(
     recovering_third: tuple[Servers, Pipeline],
 ) -> None:
     servers, pipeline = recovering_third
-    digest = mark_digest(b"id-21")
-    assert await vote(pipeline, b"id-21", T) is Outcome.FORWARD
-    assert await release_on(servers[0], digest, T) == [[1]]  # the first try: one answer
+    digest = await released_on_the_first(servers, pipeline, b"id-21")  # one answer
     # The command is tried again: the member that released already says so.
     assert await pipeline.quorum.release([digest], [T]) == [[1], [1], [None]]
 
