@@ -281,7 +281,7 @@ local slices = live_slices()
 local n = 0
 for i = 5, #ARGV, 3 do
   local bucket, held = find(slices, ARGV[i], hash_of(ARGV[i]), 1)
-  if held and (held == ARGV[i + 1] or held == '-' .. ARGV[i + 1]) and held ~= ARGV[i + 2] then
+  if held and (held == ARGV[i + 1] or held == '-' .. ARGV[i + 1]) then
     redis.call('HSET', bucket, ARGV[i], ARGV[i + 2])
     n = n + 1
   end
