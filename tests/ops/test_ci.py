@@ -17,6 +17,7 @@ def first_code_block(markdown: str) -> list[str]:
 def test_ci_runs_the_readme_test_command_as_written() -> None:
     readme = first_code_block((REPO / "README.md").read_text())
     test_command = next(line for line in readme if line.startswith("make test"))
+    assert test_command == "make test", "the README's test command is a line of its own"
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     commands = [line for line in ci if line and not line.startswith(("#", "set ", "cd "))]
     assert commands == [test_command]
