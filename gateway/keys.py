@@ -134,9 +134,12 @@ def dead_token(topic: str, partition: int, offset: int) -> str:
     return owner_token(topic, partition, offset, attempt=0)
 
 
+TOMBSTONE = "-"  # a released mark's value is TOMBSTONE + the token it was released from
+
+
 def is_released(owner: str) -> bool:
     """A released mark's value, `-<token>` (see the module docstring)."""
-    return owner.startswith("-")
+    return owner.startswith(TOMBSTONE)
 
 
 def handover_key(prefix: bytes, digest: bytes) -> bytes:

@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError
 from gateway.config import Settings
 from gateway.delay import find_waiting
 from gateway.kafka import build_consumer, build_producer, partitions_of
-from gateway.keys import dead_token, is_released, mark_digest
+from gateway.keys import TOMBSTONE, dead_token, is_released, mark_digest
 from gateway.metrics import Metrics
 from gateway.quorum import MarkView, Quorum
 from gateway.records import H_ID, H_SOURCE, PREFIX, Record, parse_source_ref, source_ref
@@ -201,7 +201,7 @@ def _would_delete(view: MarkView, token: str | None) -> bool:
     if view.owner is None:
         return False
     if token is not None:  # as the release script: released from `token` already counts
-        return view.owner in (token, "-" + token)
+        return view.owner in (token, TOMBSTONE + token)
     return not is_released(view.owner)
 
 

@@ -10,7 +10,9 @@ instances and m = N//2 + 1:
   most marks wins, ties going to the smallest token. Every gateway that sees
   all those replies sees the same marks (a mark is set once, and only repair
   rewrites it, towards the winner), so every gateway picks the same winner
-  and exactly one copy is forwarded;
+  and exactly one copy is forwarded. One exception: a released mark is taken
+  over by the next copy, so two copies taking the same tombstone at once on
+  different instances can, in rare orders, each win on some gateway;
 - otherwise (too few answers to know): UNDECIDED, handled by `on_no_quorum`.
 
 Released marks (release mode, gateway/keys.py) hold `-<token>`: the id is
@@ -42,11 +44,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.keys import TOMBSTONE
+
 MINE = 1
 # MINE, another owner's token (a tombstone: `-<token>`), `=<token>` (mine, taken
 # over <token>'s tombstone), or no answer.
 Reply = int | str | None
-TOMBSTONE, TOOK_OVER = "-", "="
+TOOK_OVER = "="
 
 
 class Outcome(enum.Enum):
