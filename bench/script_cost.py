@@ -5,6 +5,7 @@ and how a batch's chunks are best sent.
     python -m bench.script_cost --instances 1        # without 3 servers sharing 2 cores
     python -m bench.script_cost --steady --ttl 16s   # two older slices full first (3 lookups)
     python -m bench.script_cost --batch 100000       # the largest batch: calls stay short
+    python -m bench.script_cost --warm 200000        # buckets already there (mid-slice)
     python -m bench.script_cost --compare-sending    # pipelined chunks against the others
 
 Starts its own redis-server processes on free ports and calls `Quorum.claim`
@@ -58,6 +59,13 @@ def parse() -> argparse.Namespace:
         action="store_true",
         help="first fill two older slices with --digests ids each (waits for slices to roll: "
         "use a short --ttl), so every new id searches three slices",
+    )
+    p.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="first claim this many other new ids in the same slice, unmeasured: the "
+        "buckets exist and their expiry is set, as through most of a slice",
     )
     p.add_argument(
         "--compare-sending",
@@ -168,6 +176,9 @@ async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured
                 older = [mark_digest(f"old{slice_no}-{i}".encode()) for i in range(args.digests)]
                 await claim_all(quorum, older, args.batch, f"old{slice_no}")
                 await wait_for_next_slice(quorum)
+        if args.warm:
+            warm = [mark_digest(f"warm-{i}".encode()) for i in range(args.warm)]
+            await claim_all(quorum, warm, args.batch, "warm")
         copies = int(args.digests * args.duplicates)
         ids = [mark_digest(f"id-{i}".encode()) for i in range(args.digests - copies)]
         ids += ids[:copies]
@@ -200,7 +211,8 @@ def report_cost(
         f"[bold]{mean:.2f} usec per digest per instance (commandstats), "
         f"{sum(cpu_us) / len(cpu_us) / len(ids):.2f} (used_cpu)[/] "
         f"({len(ids):,} digests, {copies:,} copies, batches of {args.batch}, "
-        f"buckets {args.buckets}, ttl {args.ttl}{', steady' if args.steady else ''}); "
+        f"buckets {args.buckets}, ttl {args.ttl}{', steady' if args.steady else ''}"
+        f"{f', after {args.warm:,} warm-up ids' if args.warm else ''}); "
         f"{len(ids) / seconds:,.0f} digests/s, gateway CPU {cpu / len(ids) * 1e6:.1f} usec "
         f"per digest; redis-cli --latency on {servers[0].name}: {waited}"
     )

@@ -7,7 +7,11 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
     <prefix>slice               hash   id -> current slice, ends -> its end (ms),
                                        buckets:<slice> -> that slice's bucket count
                                        first -> the oldest slice id that may hold
-                                       marks (absent: 1; lower after a rebuild)
+                                       marks (absent: 1; lower after a rebuild),
+                                       expires:<slice> -> the expiry (ms) its
+                                       ledger's bits stand for (current slice)
+    <prefix>x:<slice>           string the slice's expiry ledger: bit i set
+                                       when bucket i has its expiry (below)
     <prefix>h:<digest>          string the failure command that last handed
                                        the mark over (the failure loop only)
     <prefix>epoch               string `<id>:<since_ms>:<trusted|recovering>`,
@@ -64,10 +68,17 @@ given a new, recovering epoch (gateway/quorum.py, `_spread`).
   60-110 bytes per mark. docs/operations.md sizes `buckets`. A rebuild may
   add marks to slices older than the instance's own (`first`), so a copied
   mark keeps about its original lifetime.
-- A bucket's expiry is checked once per bucket per script call (PTTL) and
-  raised to its slice's (slice end + ttl) when lower or absent, so a bucket
-  created by a claim always expires, and raising `ttl` takes effect at once
-  for every mark written after it.
+- A bucket's expiry is checked (PTTL) the first time the current slice writes
+  to it, and raised to its slice's (slice end + ttl) when lower or absent, so
+  a bucket created by a claim always expires. The slice's expiry ledger
+  remembers which buckets were checked, one bit each, read once per script
+  call: a PTTL per new id cost about a tenth of its Redis CPU. Raising `ttl`
+  starts the ledger again, so it takes effect at once for every mark written
+  after it; a gateway with a lower `ttl` gives the slice's buckets the longer
+  expiry. A bucket whose bit is set is never emptied (Redis would delete it,
+  and a mark written there again would have no expiry): the one script that
+  removes a field from a current slice's bucket is a claim undoing the field
+  it just added, which empties only a bucket it created, whose bit is unset.
 
 Epochs: an instance that restarts empty (or is flushed, or replaced) forgets
 its marks; counted in a vote it would call old ids new. Its epoch key says

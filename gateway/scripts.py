@@ -13,8 +13,8 @@ connection, so this holds for a whole batch).
 
 What a script costs Redis is what sizes the chunks (below): a `redis.call`
 is the unit, 1-2.5 us each on the machine measured (bench/RESULTS.md, "Claim
-script cost"). A new id takes one HSETNX and, once per bucket per call, one
-PTTL; each older live slice adds one HGET.
+script cost"). A new id takes one HSETNX, and one PTTL the first time its
+slice writes to its bucket (the expiry ledger); each older live slice adds one HGET.
 
 Common arguments, ARGV[1..4]: key prefix, TTL in ms, slice length in ms,
 shards per slice; KEYS[1]: the slice meta, `<prefix>slice`. Every key a script
@@ -98,7 +98,7 @@ local function open_slice()
   if now >= ends then
     id, ends = id + 1, now + slice_ms
     redis.call('HSET', meta, 'id', id, 'ends', fmt('%d', ends), 'buckets:' .. id, buckets)
-    redis.call('HDEL', meta, 'buckets:' .. (id - SLICES_BACK - 1))
+    redis.call('HDEL', meta, 'buckets:' .. (id - SLICES_BACK - 1), 'expires:' .. (id - 1))
   end
   return slices_from(id), ends + ttl, now
 end
@@ -135,16 +135,50 @@ local function find(slices, digest, h, from)
   return nil, false
 end
 
--- Make `bucket` expire at `at` unless it already expires then or later; once
--- per bucket per call (`done`). A bucket just created has no expiry, and one
--- that got its expiry before `ttl` was raised expires too early: a mark written
--- now must live `ttl` (raising ttl shortens nothing). Lowering ttl keeps the
--- later expiry of marks already there.
-local function expire(bucket, at, now, done)
-  if done[bucket] then return end
-  done[bucket] = true
+-- Make `bucket` expire at `at` unless it already expires then or later. A
+-- bucket just created has no expiry, and one that got its expiry before `ttl`
+-- was raised expires too early: a mark written now must live `ttl` (raising
+-- ttl shortens nothing). Lowering ttl keeps the later expiry of marks already there.
+local function expire_at(bucket, at, now)
   local left = redis.call('PTTL', bucket)
   if left < 0 or now + left < at - SLACK then redis.call('PEXPIREAT', bucket, fmt('%d', at)) end
+end
+
+-- The current slice's expiry ledger (gateway/keys.py), read once per call: a
+-- bucket's expiry is checked once per slice instead of once per call (with
+-- 16,384 buckets nearly every new id has a bucket of its own in a call, and
+-- its PTTL was about a tenth of a new id's Redis CPU, bench/RESULTS.md). Bit i set:
+-- bucket i exists and expires at `expires:<slice>` of the slice meta (less
+-- SLACK) or later. That is the largest `at` any caller asked for: a gateway
+-- with a lower ttl gives the buckets the longer expiry, a raised ttl starts
+-- the ledger again. A bucket is only ever emptied (and so deleted by Redis)
+-- in an older slice, or by a claim that just created it (its bit is 0).
+local function ledger_of(slices, at)
+  local id = slices[1][3]
+  local key, field = fmt('%sx:%d', prefix, id), 'expires:' .. id
+  local since = tonumber(redis.call('HGET', meta, field))
+  if since and at <= since then
+    return {{key = key, at = since, bits = redis.call('GET', key) or '', done = {{}}}}
+  end
+  if since then redis.call('DEL', key) end
+  redis.call('HSET', meta, field, fmt('%d', at))
+  return {{key = key, at = at, bits = '', done = {{}}}}
+end
+
+-- Make bucket `index` of the current slice, `bucket`, expire with its slice;
+-- its expiry is read (PTTL) only if the ledger has no bit for it yet.
+local function expire(ledger, bucket, index, now)
+  local done = ledger.done
+  if done[index] then return end
+  done[index] = true
+  local byte = string.byte(ledger.bits, math.floor(index / 8) + 1)
+  if byte and bit.band(byte, bit.rshift(128, index % 8)) ~= 0 then return end
+  expire_at(bucket, ledger.at, now)
+  redis.call('SETBIT', ledger.key, index, 1)
+  if ledger.bits == '' and not ledger.timed then  -- created by this call
+    ledger.timed = true
+    redis.call('PEXPIREAT', ledger.key, fmt('%d', ledger.at))
+  end
 end
 
 -- Claim `digest` for `owner` unless a live mark holds it. Returns 1 when
@@ -156,18 +190,19 @@ end
 -- that token as released on the instances the release has not reached yet,
 -- gateway/vote.py). To the owner it was released from it stays released
 -- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
-local function claim(slices, digest, owner, at, now, done)
+local function claim(slices, digest, owner, now, ledger)
   local h = hash_of(digest)
-  local bucket = bucket_of(slices[1], h)
+  local index = h % slices[1][2]
+  local bucket = fmt('%s%d', slices[1][1], index)
   local held
   if redis.call('HSETNX', bucket, digest, owner) == 1 then
     local _, older = find(slices, digest, h, 2)
     if not older then
-      expire(bucket, at, now, done)
+      expire(ledger, bucket, index, now)
       return 1
     end
     if released(older) and older ~= '-' .. owner then
-      expire(bucket, at, now, done)
+      expire(ledger, bucket, index, now)
       return '=' .. string.sub(older, 2)
     end
     redis.call('HDEL', bucket, digest)
@@ -176,7 +211,7 @@ local function claim(slices, digest, owner, at, now, done)
     held = redis.call('HGET', bucket, digest)
     if released(held) and held ~= '-' .. owner then
       redis.call('HSET', bucket, digest, owner)
-      expire(bucket, at, now, done)
+      expire(ledger, bucket, index, now)
       return '=' .. string.sub(held, 2)
     end
   end
@@ -185,10 +220,11 @@ local function claim(slices, digest, owner, at, now, done)
 end
 
 -- Write a mark into the current slice, whoever held the digest there.
-local function put(slices, digest, owner, at, now, done)
-  local bucket = bucket_of(slices[1], hash_of(digest))
+local function put(slices, digest, owner, now, ledger)
+  local index = hash_of(digest) % slices[1][2]
+  local bucket = fmt('%s%d', slices[1][1], index)
   redis.call('HSET', bucket, digest, owner)
-  expire(bucket, at, now, done)
+  expire(ledger, bucket, index, now)
 end
 
 -- False when the instance still holds the data the caller knows (its epoch
@@ -223,11 +259,12 @@ local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
 local len, digests = tonumber(ARGV[6]), ARGV[7]
 local slices, at, now = open_slice()
-local out, done = {}, {}
+local ledger = ledger_of(slices, at)
+local out = {}
 local i = 0
 for owner in string.gmatch(ARGV[8], '([^,]+),') do
   i = i + 1
-  out[i] = claim(slices, string.sub(digests, (i - 1) * len + 1, i * len), owner, at, now, done)
+  out[i] = claim(slices, string.sub(digests, (i - 1) * len + 1, i * len), owner, now, ledger)
 end
 return out
 """
@@ -251,13 +288,14 @@ local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
 local len, digests = tonumber(ARGV[6]), ARGV[7]
 local slices, at, now = open_slice()
+local ledger = ledger_of(slices, at)
 local winners, sent = string.gmatch(ARGV[8], '([^,]+),'), string.gmatch(ARGV[9], '([^,]+),')
-local n, done = 0, {}
+local n = 0
 for i = 1, #digests / len do
   local digest, winner, token = string.sub(digests, (i - 1) * len + 1, i * len), winners(), sent()
   local bucket, held = find(slices, digest, hash_of(digest), 1)
   if not held or (released(held) and held ~= winner and held ~= '-' .. winner) then
-    put(slices, digest, winner, at, now, done)
+    put(slices, digest, winner, now, ledger)
     n = n + 1
   elseif held == token and held ~= winner then
     redis.call('HSET', bucket, digest, winner)
@@ -340,18 +378,22 @@ local mismatch = epoch_differs(ARGV[5])
 if mismatch then return mismatch end
 local len = #ARGV[6] / (#KEYS - 1)
 local slices, at, now = open_slice()
-local out, done = {}, {}
+local ledger = ledger_of(slices, at)
+local out = {}
 for i = 1, #KEYS - 1 do
   local by = KEYS[i + 1]
   local digest = string.sub(ARGV[6], (i - 1) * len + 1, i * len)
   local failed, nxt, ref = ARGV[3 * i + 4], ARGV[3 * i + 5], ARGV[3 * i + 6]
-  local bucket, held = find(slices, digest, hash_of(digest), 1)
+  local h = hash_of(digest)
+  local bucket, held = find(slices, digest, h, 1)
   if held == nxt then
     local last = redis.call('GET', by)
     if last == ref then out[i] = 2 elseif last == ref .. '!done' then out[i] = 4 else out[i] = 3 end
   elseif held == failed or held == false or released(held) then
-    if bucket then redis.call('HDEL', bucket, digest) end
-    put(slices, digest, nxt, at, now, done)
+    -- moved to the current slice; put overwrites it there (an HDEL could empty,
+    -- so delete, a bucket the ledger holds: see ledger_of)
+    if bucket and bucket ~= bucket_of(slices[1], h) then redis.call('HDEL', bucket, digest) end
+    put(slices, digest, nxt, now, ledger)
     redis.call('SET', by, ref, 'PX', ttl)
     out[i] = 1
   else
@@ -518,7 +560,10 @@ for i = 1, #digests / len do
     end
     bucket = bucket_of(slices[k + 1], h)
     redis.call('HSET', bucket, digest, owner)
-    expire(bucket, at - k * slice_ms, now, done)
+    if not done[bucket] then  -- any slice: the ledger is not used here
+      done[bucket] = true
+      expire_at(bucket, at - k * slice_ms, now)
+    end
     out[i] = 1
   end
 end

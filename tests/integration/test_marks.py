@@ -164,6 +164,43 @@ async def test_a_claim_after_raising_ttl_lives_the_new_ttl_and_lowering_shortens
     assert view is not None and view.ttl_ms >= 24 * hour - 5000
 
 
+async def test_a_bucket_expiry_is_read_once_per_slice_and_every_bucket_expires(
+    quorum_on: QuorumFactory,
+) -> None:
+    """The expiry ledger (scripts.ledger_of): a bucket's PTTL is read the first time
+    the slice writes to it, not once per call; every bucket still has an expiry."""
+    quorum = quorum_on(buckets=4)
+    redis: aioredis.Redis = quorum.instances[0].client
+
+    async def pttl_calls() -> int:
+        return int((await redis.info("commandstats")).get("cmdstat_pttl", {}).get("calls", 0))
+
+    assert await quorum.claim(digests("first", 200), ["1"] * 200) == [[MINE] * 200]
+    assert await pttl_calls() == 4  # one per bucket
+    assert await quorum.claim(digests("second", 200), ["2"] * 200) == [[MINE] * 200]
+    assert await pttl_calls() == 4  # the ledger knows all four
+    buckets = await redis.keys("dd:m:*")
+    assert len(buckets) == 4
+    expiries = [await redis.pttl(key) for key in buckets]
+    assert all(0 < left <= 36 * 3600 * 1000 for left in expiries), expiries
+    (ledger,) = await redis.keys("dd:x:*")
+    assert abs(await redis.pttl(ledger) - expiries[0]) < 5000  # it goes with them
+
+
+async def test_a_handover_in_the_current_slice_keeps_its_bucket_expiry(
+    quorum_on: QuorumFactory,
+) -> None:
+    """A mark alone in its bucket, handed over in the slice that holds it: the
+    bucket is rewritten, never emptied and created again without an expiry while
+    the ledger says it has one."""
+    quorum = quorum_on()  # 16,384 buckets: the mark is alone in its bucket
+    (mark,) = digests("alone", 1)
+    assert await quorum.claim([mark], ["1"]) == [[MINE]]
+    assert await quorum.handover([(mark, "1", "2", "failures/0/1")]) == [[1]]
+    (view,) = await quorum.inspect(mark)
+    assert view is not None and view.owner == "2" and view.ttl_ms > 0
+
+
 async def test_a_mark_costs_a_fraction_of_a_key_per_id_and_big_buckets_still_work(
     quorum_on: QuorumFactory,
 ) -> None:
