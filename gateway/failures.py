@@ -313,12 +313,21 @@ class FailureLoop:
         replies = await self.quorum.release(digests, [c.token for _, c in valid])
         for j, (rec, cmd) in enumerate(valid):
             answers = [a for r in replies if (a := r[j]) is not None]
-            if sum(answers) >= self.quorum.majority:
+            released = len(answers) - answers.count(0)
+            if released >= self.quorum.majority and 1 not in answers:
+                # Every member had released it from that token already: the command
+                # was repeated (or is redone after a crash), as a handover's copy is.
+                self.metrics.releases.labels("stale").inc()
+                logger.info(
+                    "repeated release for %s (%s): released before", cmd.readable_id, cmd.ref,
+                    extra=_fields(cmd),
+                )  # fmt: skip
+            elif released >= self.quorum.majority:
                 self.metrics.releases.labels("released").inc()
                 logger.info(
                     "released %s (%s): %s", cmd.readable_id, cmd.ref, cmd.reason, extra=_fields(cmd)
                 )
-            elif len(answers) - sum(answers) >= self.quorum.majority:
+            elif len(answers) - released >= self.quorum.majority:
                 self.metrics.releases.labels("stale").inc()
                 logger.info(
                     "stale release for %s (%s): token no longer holds", cmd.readable_id, cmd.ref,

@@ -259,7 +259,8 @@ class Metrics:
         # The failure loop (release / retry / dead-letter).
         self.releases = Counter(
             f"{PREFIX}_releases",
-            "Release commands handled, by result (released, stale, no_quorum)",
+            "Release commands handled, by result (released; stale: the token no longer "
+            "holds, or the command was handled before; no_quorum)",
             ["result"],
             registry=r,
         )

@@ -208,6 +208,8 @@ def _would_delete(view: MarkView, token: str | None) -> bool:
 def _release_state(result: int | None, dry_run: bool) -> str:
     if result is None:
         return "no answer"
+    if result == 2:
+        return "released before (from that token)"
     if result:
         return "would release" if dry_run else "released"
     return "not held / absent / released before"

@@ -537,8 +537,9 @@ class Quorum:
     async def release(
         self, digests: Sequence[bytes], tokens: Sequence[str]
     ) -> list[list[int | None]]:
-        """Per member, per digest: 1 released, 0 not, None for no answer (or a member
-        that is not counted)."""
+        """Per member, per digest: 1 released now, 2 released from that token before
+        (a repeated or redone command), 0 not, None for no answer (or a member that is
+        not counted)."""
 
         def plan(group: Group, items: Sequence[int]) -> Planned:
             args = [*group.layout, *(v for k in items for v in (digests[k], tokens[k]))]

@@ -332,9 +332,10 @@ return n
 # (compare-and-set): a stale token, whose id was claimed again since, changes
 # nothing. The mark becomes '-' .. token (see `claim`): the id is free for any
 # other copy, while a replay of the released source record stays a duplicate.
-# A mark released from that token already (a command redone; a vote's repair
-# that saw the release elsewhere first) answers 1 too.
-# ARGV[5..]: digest, token; per mark. Reply per mark: 1 released, 0 not.
+# A mark released from that token already (a command repeated or redone; a
+# vote's repair that saw the release elsewhere first) answers 2: released, not now.
+# ARGV[5..]: digest, token; per mark. Reply per mark: 1 released now, 2 released
+# before, 0 not.
 RELEASE = (
     WRITES
     + PRELUDE
@@ -347,7 +348,7 @@ for i = 5, #ARGV, 2 do
     redis.call('HSET', bucket, ARGV[i], '-' .. held)
     out[#out + 1] = 1
   elseif held == '-' .. ARGV[i + 1] then
-    out[#out + 1] = 1
+    out[#out + 1] = 2
   else
     out[#out + 1] = 0
   end

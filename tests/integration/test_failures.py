@@ -85,6 +85,21 @@ async def test_release_with_the_right_token_lets_the_next_copy_through_and_stale
     assert len(await clean_copies(broker, topics)) == 2
 
 
+async def test_a_release_delivered_twice_counts_one_release_and_one_repeat(broker, setup):
+    topics, settings = setup
+    async with running(settings(mode="release")) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [copy_of("m-1")])
+        (first,) = await clean_copies(broker, topics, count=1)
+        command = failure_command(first, "api down")
+        await produce(broker, topics.failures, [command, command])  # delivered twice
+        await eventually(lambda: counter_value(m.releases, "stale") == 1)
+        assert counter_value(m.releases, "released") == 1
+        await produce(broker, topics.raw, [copy_of("m-1")])  # released: new again
+        await wait_committed(broker, topics.group, topics.raw, {0: 2})
+    assert len(await clean_copies(broker, topics)) == 2
+
+
 async def test_retry_forwards_k_plus_1_times_then_dead_letters_and_resends_stay_duplicates(
     broker, setup
 ):
