@@ -85,15 +85,22 @@ async def test_release_with_the_right_token_lets_the_next_copy_through_and_stale
     assert len(await clean_copies(broker, topics)) == 2
 
 
+async def failed_and_commanded_twice(broker, topics, m):
+    """One copy forwarded, its failure command delivered twice, the repeat counted
+    stale; the command."""
+    await produce(broker, topics.raw, [copy_of("m-1")])
+    (first,) = await clean_copies(broker, topics, count=1)
+    command = failure_command(first, "boom")
+    await produce(broker, topics.failures, [command, command])  # delivered twice
+    await eventually(lambda: counter_value(m.releases, "stale") == 1)
+    return command
+
+
 async def test_a_release_delivered_twice_counts_one_release_and_one_repeat(broker, setup):
     topics, settings = setup
     async with running(settings(mode="release")) as gateway:
         m = gateway.metrics
-        await produce(broker, topics.raw, [copy_of("m-1")])
-        (first,) = await clean_copies(broker, topics, count=1)
-        command = failure_command(first, "api down")
-        await produce(broker, topics.failures, [command, command])  # delivered twice
-        await eventually(lambda: counter_value(m.releases, "stale") == 1)
+        await failed_and_commanded_twice(broker, topics, m)
         assert counter_value(m.releases, "released") == 1
         await produce(broker, topics.raw, [copy_of("m-1")])  # released: new again
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
@@ -140,11 +147,7 @@ async def test_duplicated_and_reordered_commands_retry_once(broker, setup):
     topics, settings = setup
     async with running(settings(mode="retry")) as gateway:
         m = gateway.metrics
-        await produce(broker, topics.raw, [copy_of("m-1")])
-        (first,) = await clean_copies(broker, topics, count=1)
-        command = failure_command(first, "boom")
-        await produce(broker, topics.failures, [command, command])  # delivered twice
-        await eventually(lambda: counter_value(m.releases, "stale") == 1)
+        command = await failed_and_commanded_twice(broker, topics, m)
         await eventually(lambda: counter_value(m.retries, "2") == 1)
         second = max(await clean_copies(broker, topics, count=2), key=attempt_of)
         # Reordered: attempt 2's failure, then attempt 1's again (late).
