@@ -113,8 +113,10 @@ local function hash_of(digest)
   return a * 65536 + b * 256 + c
 end
 
+-- The bucket of a digest hashed `h` in `slice`, and its index there.
 local function bucket_of(slice, h)
-  return fmt('%s%d', slice[1], h % slice[2])
+  local index = h % slice[2]
+  return fmt('%s%d', slice[1], index), index
 end
 
 -- A released mark holds '-' .. the token it was released from (a tombstone,
@@ -192,8 +194,7 @@ end
 -- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
 local function claim(slices, digest, owner, now, ledger)
   local h = hash_of(digest)
-  local index = h % slices[1][2]
-  local bucket = fmt('%s%d', slices[1][1], index)
+  local bucket, index = bucket_of(slices[1], h)
   local held
   if redis.call('HSETNX', bucket, digest, owner) == 1 then
     local _, older = find(slices, digest, h, 2)
@@ -221,8 +222,7 @@ end
 
 -- Write a mark into the current slice, whoever held the digest there.
 local function put(slices, digest, owner, now, ledger)
-  local index = hash_of(digest) % slices[1][2]
-  local bucket = fmt('%s%d', slices[1][1], index)
+  local bucket, index = bucket_of(slices[1], hash_of(digest))
   redis.call('HSET', bucket, digest, owner)
   expire(ledger, bucket, index, now)
 end
@@ -391,8 +391,8 @@ for i = 1, #KEYS - 1 do
     local last = redis.call('GET', by)
     if last == ref then out[i] = 2 elseif last == ref .. '!done' then out[i] = 4 else out[i] = 3 end
   elseif held == failed or held == false or released(held) then
-    -- moved to the current slice; put overwrites it there (an HDEL could empty,
-    -- so delete, a bucket the ledger holds: see ledger_of)
+    -- Moved to the current slice. Held there already, it is overwritten: an HDEL
+    -- could empty (so delete) a bucket the ledger holds (see ledger_of).
     if bucket and bucket ~= bucket_of(slices[1], h) then redis.call('HDEL', bucket, digest) end
     put(slices, digest, nxt, now, ledger)
     redis.call('SET', by, ref, 'PX', ttl)
