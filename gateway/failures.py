@@ -56,7 +56,7 @@ from gateway.keys import dead_token, mark_digest, owner_token
 from gateway.lanes import lane_headers
 from gateway.metrics import Metrics
 from gateway.pausing import backoff_delay
-from gateway.quorum import Quorum
+from gateway.quorum import Handover, Quorum
 from gateway.records import (
     H_ATTEMPT,
     H_REASON,
@@ -353,15 +353,7 @@ class FailureLoop:
     async def _hand_over(
         self, tp: TopicPartition, part: _Partition, valid: list[tuple[Record, Command]]
     ) -> int | None:
-        marks = []
-        for _, cmd in valid:
-            dead = cmd.attempt >= self.failures.max_attempts
-            nxt = (
-                dead_token(cmd.topic, cmd.partition, cmd.offset)
-                if dead
-                else owner_token(cmd.topic, cmd.partition, cmd.offset, cmd.attempt + 1)
-            )
-            marks.append((mark_digest(cmd.id), cmd.token, nxt, cmd.ref))
+        marks = [self._handover_of(cmd) for _, cmd in valid]
         replies = await self.quorum.handover(marks)
         now = time.monotonic()
         for j, (rec, cmd) in enumerate(valid):
@@ -381,6 +373,17 @@ class FailureLoop:
             else:
                 return self._undecided(part, rec, cmd, answers)
         return None
+
+    def _handover_of(self, cmd: Command) -> Handover:
+        """The mark's handover from the failed attempt to the next one (or to the dead
+        letter), naming the earlier attempts a member that missed a handover still holds."""
+        src = (cmd.topic, cmd.partition, cmd.offset)
+        dead = cmd.attempt >= self.failures.max_attempts
+        nxt = dead_token(*src) if dead else owner_token(*src, cmd.attempt + 1)
+        # No attempt past max_attempts is ever forwarded, whatever a command says.
+        last = min(cmd.attempt, self.failures.max_attempts + 1)
+        earlier = [owner_token(*src, k) for k in range(1, last)]
+        return Handover(mark_digest(cmd.id), cmd.token, nxt, cmd.ref, earlier)
 
     def _backoff(self, attempt: int) -> float:
         return backoff_delay(

@@ -109,6 +109,19 @@ _MISPLACED = (AskError, TryAgainError, ClusterDownError)
 
 
 @dataclass(frozen=True)
+class Handover:
+    """One failure command's handover of a mark (scripts.HANDOVER)."""
+
+    digest: bytes
+    failed: str  # the token the failed attempt held
+    next: str  # the next attempt's token, or the dead-letter token
+    ref: str  # the command delivery's coordinates, noted with the handover
+    # The same source record's earlier attempts' tokens: a member still holding one
+    # missed a handover the majority made, and is handed over too.
+    earlier: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
 class MarkView:
     """One member's view of one id, for the operator."""
 
@@ -547,21 +560,18 @@ class Quorum:
 
         return await self._per_item_on_counted("release", digests, plan)
 
-    async def handover(
-        self, marks: Sequence[tuple[bytes, str, str, str]]
-    ) -> list[list[int | None]]:
-        """(digest, failed token, next token, command ref) per command.
-
-        Per member, per command: 1 handed over now, 2 replay of the same
+    async def handover(self, marks: Sequence[Handover]) -> list[list[int | None]]:
+        """Per member, per command: 1 handed over now, 2 replay of the same
         command (redo), 3 another copy of the command, 4 already done, 0 stale;
         None for no answer (or a member that is not counted).
         """
-        digests = [digest for digest, *_ in marks]
+        digests = [m.digest for m in marks]
 
         def plan(epoch_id: str, group: Group, items: Sequence[int]) -> Planned:
             keys = [group.meta, *(handover_key(group.prefix, digests[k]) for k in items)]
-            args = [*group.layout, epoch_id, b"".join(digests[k] for k in items),
-                    *(v for k in items for v in marks[k][1:])]  # fmt: skip
+            args = [*group.layout, epoch_id, b"".join(digests[k] for k in items)]
+            for m in (marks[k] for k in items):
+                args += (m.failed, m.next, m.ref, "".join(f"{t}," for t in m.earlier))
             return [(("handover", keys, args), items)]
 
         results = await self._per_item_on_counted("handover", digests, plan, needs_epoch=True)

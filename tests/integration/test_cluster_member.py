@@ -30,7 +30,7 @@ from gateway.keys import mark_digest, owner_token
 from gateway.members import group_of
 from gateway.metrics import Metrics, total
 from gateway.operator_commands import set_paused
-from gateway.quorum import Quorum
+from gateway.quorum import Handover, Quorum
 from gateway.rebuild import rebuild
 from gateway.vote import MINE
 from tests.conftest import redis_urls
@@ -316,7 +316,9 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         assert await quorum.repair([repairs]) == 50
         assert await quorum.release(digests[:3], ["7", "7", "x"]) == [[1, 1, 0]]
         assert await quorum.delete(digests[60]) == [1]
-        assert await quorum.handover([(digests[70], owners[70], "99", "failures/0/1")]) == [[1]]
+        assert await quorum.handover([Handover(digests[70], owners[70], "99", "failures/0/1")]) == [
+            [1]
+        ]
         await quorum.mark_done([digests[70]], ["failures/0/1"])
         (view,) = await quorum.inspect(digests[70])
         assert view is not None and (view.owner, view.handed_over_by) == ("99", "failures/0/1!done")

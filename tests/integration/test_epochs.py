@@ -20,7 +20,7 @@ from gateway.config import Settings, load_settings
 from gateway.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, mark_digest
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
-from gateway.quorum import Quorum
+from gateway.quorum import Handover, Quorum
 from gateway.rebuild import rebuild
 from gateway.vote import MINE, Outcome
 from tests.conftest import redis_urls
@@ -279,7 +279,7 @@ async def test_a_rebuild_copies_handover_notes_so_a_replayed_command_is_redone_e
     servers, settings, quorum = three
     digest = mark_digest(b"failed-1")
     await quorum.claim([digest], ["1"])
-    command = (digest, "1", "2", "failures/0/5")
+    command = Handover(digest, "1", "2", "failures/0/5")
     assert await quorum.handover([command]) == [[1], [1], [1]]
     restart_empty(servers[1])
     await ping_twice(quorum)

@@ -25,9 +25,11 @@ from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.failures import FailureLoop, RawFetcher
 from gateway.kafka import build_consumer, build_producer
+from gateway.keys import mark_digest
 from gateway.metrics import Metrics, total
 from gateway.quorum import Quorum
 from tests.conftest import redis_urls
+from tests.integration.redis_marks import owners_on
 
 ORDER = b'{"order_id": "m-1"}'
 
@@ -39,6 +41,10 @@ def copy_of(message_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
 async def clean_copies(broker, topics, message_id="m-1", count=None):
     records = await read_topic(broker, topics.clean, min_records=count or 0)
     return [r for r in records if dict(r.headers)["dedup-id"] == message_id.encode()]
+
+
+def token_of(rec) -> str:
+    return dict(rec.headers)["dedup-token"].decode()
 
 
 def attempt_of(rec) -> int:
@@ -374,3 +380,41 @@ async def test_an_invalid_command_behind_one_that_waits_for_a_majority_is_counte
         await eventually(lambda: counter_value(m.retries, "2") == 1, 40)
         await wait_committed(broker, f"{topics.group}.failures", topics.failures, {0: 2})
     assert counter_value(m.invalid_commands, "not_json") == 1
+
+
+async def test_a_member_that_missed_a_handover_is_brought_up_though_another_recovers(
+    broker, redis_servers, names
+):
+    """Member 2 hangs through attempt 1's handover (members 0 and 1 make it), then
+    member 1 restarts empty (recovering, not counted). Attempt 2's command is decided
+    by members 0 and 2: member 2, still holding attempt 1's token, is handed over too.
+    It used to answer "stale" against member 0's "handed over", and the command
+    partition waited forever (chaos seed 1, retry mode)."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    servers = redis_servers(3)
+    failures = {"mode": "retry", "backoff_initial": "10ms", "backoff_max": "50ms"}
+    settings = make_settings(broker, topics, redis_urls(servers), failures=failures)
+    async with running(settings) as gateway:
+        await produce(broker, topics.raw, [copy_of("m-1")])
+        (first,) = await clean_copies(broker, topics, count=1)
+        servers[2].pause()
+        try:
+            await produce(broker, topics.failures, [failure_command(first, "boom 1")])
+            await eventually(lambda: counter_value(gateway.metrics.retries, "2") == 1)
+        finally:
+            servers[2].resume()
+        second = max(await clean_copies(broker, topics, count=2), key=attempt_of)
+        assert await owners_on(servers[2], [mark_digest(b"m-1")]) == [token_of(first)]
+        servers[1].stop()
+        servers[1].start()  # empty: recovering until rebuilt
+        await eventually(lambda: gateway.quorum.counted() == [True, False, True])
+        await produce(broker, topics.failures, [failure_command(second, "boom 2")])
+        await eventually(
+            lambda: counter_value(gateway.metrics.retries, "3") == 1, what="attempt 3 retried"
+        )
+    third = max(await clean_copies(broker, topics, count=3), key=attempt_of)
+    assert attempt_of(third) == 3
+    # Member 2 is up to date: it holds attempt 3's token, as member 0 does.
+    for server in (servers[0], servers[2]):
+        assert await owners_on(server, [mark_digest(b"m-1")]) == [token_of(third)]

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from gateway.config import load_settings
 from gateway.keys import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum import MarkView, Quorum
+from gateway.quorum import Handover, MarkView, Quorum
 from gateway.vote import MINE
 from tests.conftest import redis_urls
 
@@ -97,7 +97,7 @@ async def test_release_frees_the_id_for_another_copy_but_not_for_a_replay_of_the
     assert await quorum.claim([a], ["1"]) == [["3"]]
     assert await quorum.release([a], ["1"]) == [[0]]  # stale: the id is held again
     # A released mark is handed to a retry's next attempt like an absent one.
-    assert await quorum.handover([(c, "5", "6", "failures/0/1")]) == [[1]]
+    assert await quorum.handover([Handover(c, "5", "6", "failures/0/1")]) == [[1]]
     assert await quorum.claim([c], ["5"]) == [["6"]]
 
 
@@ -126,13 +126,33 @@ async def test_a_handover_moves_the_mark_and_a_second_copy_of_the_command_does_n
     quorum = quorum_on()
     (mark,) = digests("hand", 1)
     await quorum.claim([mark], ["1"])
-    assert await quorum.handover([(mark, "1", "2", "failures/0/5")]) == [[1]]
-    assert await quorum.handover([(mark, "1", "2", "failures/0/5")]) == [[2]]  # crash replay
-    assert await quorum.handover([(mark, "1", "2", "failures/1/9")]) == [[3]]  # another copy
+    assert await quorum.handover([Handover(mark, "1", "2", "failures/0/5")]) == [[1]]
+    assert await quorum.handover([Handover(mark, "1", "2", "failures/0/5")]) == [
+        [2]
+    ]  # crash replay
+    assert await quorum.handover([Handover(mark, "1", "2", "failures/1/9")]) == [
+        [3]
+    ]  # another copy
     await quorum.mark_done([mark], ["failures/0/5"])
-    assert await quorum.handover([(mark, "1", "2", "failures/0/5")]) == [[4]]
-    assert await quorum.handover([(mark, "77", "78", "failures/0/6")]) == [[0]]  # stale
+    assert await quorum.handover([Handover(mark, "1", "2", "failures/0/5")]) == [[4]]
+    assert await quorum.handover([Handover(mark, "77", "78", "failures/0/6")]) == [[0]]  # stale
     assert await quorum.claim([mark], ["5"]) == [["2"]]
+
+
+async def test_a_member_still_holding_an_earlier_attempt_is_handed_over_another_owner_is_not(
+    quorum_on: QuorumFactory,
+) -> None:
+    """A member that missed the handover to attempt 2 still holds attempt 1's token
+    when attempt 2's command comes: it is brought to attempt 3 with the others."""
+    quorum = quorum_on()
+    behind, other = digests("behind", 2)
+    await quorum.claim([behind, other], ["11", "99"])
+    attempt_2_failed = Handover(behind, "12", "13", "failures/0/7", earlier=("11",))
+    assert await quorum.handover([attempt_2_failed]) == [[1]]
+    assert await quorum.claim([behind], ["5"]) == [["13"]]
+    # A source's earlier tokens never name another source's owner: stale, unchanged.
+    assert await quorum.handover([Handover(other, "12", "13", "failures/0/8", ("11",))]) == [[0]]
+    assert await quorum.claim([other], ["5"]) == [["99"]]
 
 
 async def test_changing_ttl_or_bucket_count_keeps_the_marks_already_claimed(
@@ -196,7 +216,7 @@ async def test_a_handover_in_the_current_slice_keeps_its_bucket_expiry(
     quorum = quorum_on()  # 16,384 buckets: the mark is alone in its bucket
     (mark,) = digests("alone", 1)
     assert await quorum.claim([mark], ["1"]) == [[MINE]]
-    assert await quorum.handover([(mark, "1", "2", "failures/0/1")]) == [[1]]
+    assert await quorum.handover([Handover(mark, "1", "2", "failures/0/1")]) == [[1]]
     (view,) = await quorum.inspect(mark)
     assert view is not None and view.owner == "2" and view.ttl_ms > 0
 
