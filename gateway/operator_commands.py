@@ -131,7 +131,7 @@ async def release(
     try:
         if dry_run:
             views = await quorum.inspect(digest)
-            results = [None if v is None else int(_would_delete(v, token)) for v in views]
+            results = [None if v is None else _would_release(v, token) for v in views]
         elif token is not None:
             replies = await quorum.release([digest], [token])
             results = [r[0] for r in replies]
@@ -197,12 +197,14 @@ async def set_paused(
     return 0 if done else 1
 
 
-def _would_delete(view: MarkView, token: str | None) -> bool:
+def _would_release(view: MarkView, token: str | None) -> int:
+    """What a release from `token` (scripts.RELEASE), or without one (DELETE), would
+    answer on this member: 1 release now, 2 released before from that token, 0 not."""
     if view.owner is None:
-        return False
-    if token is not None:  # as the release script: released from `token` already counts
-        return view.owner in (token, TOMBSTONE + token)
-    return not is_released(view.owner)
+        return 0
+    if token is None:
+        return int(not is_released(view.owner))
+    return 1 if view.owner == token else 2 if view.owner == TOMBSTONE + token else 0
 
 
 def _release_state(result: int | None, dry_run: bool) -> str:

@@ -60,6 +60,11 @@ async def test_inspect_shows_owner_and_ttl_and_release_lets_a_resend_through(
         assert (await cli(config, "inspect", "m-1")).stdout.count(token) == 3  # still held
         right = await cli(config, "release", "m-1", "--token", token, "--output", "json")
         assert right.returncode == 0 and json.loads(right.stdout)["deleted"] == 3
+        # Asked again, for real or dry, every instance says it released it before.
+        for again in ([], ["--dry-run"]):
+            repeat = await cli(config, "release", "m-1", "--token", token, *again)
+            assert repeat.returncode == 0, repeat.stdout
+            assert repeat.stdout.count("released before (from that token)") == 3, repeat.stdout
 
         await produce(broker, topics.raw, [COPY])
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
