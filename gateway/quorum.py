@@ -1079,7 +1079,8 @@ class Quorum:
             # attribute 'writelines'): that call got no answer; the next one reconnects.
             if not inst.cluster:
                 raise
-            self._failed(inst, "connection", f"cluster client: {exc}", group)
+            detail = f"connection closed under the call by a slot map refresh ({exc})"
+            self._failed(inst, "connection", detail, group)
             return None
         self.metrics.redis_call_seconds.labels(inst.name, script).observe(
             time.perf_counter() - started
