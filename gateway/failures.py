@@ -235,6 +235,20 @@ def handover_decision(answers: Sequence[int], majority: int) -> str:
     return "wait"
 
 
+def release_decision(answers: Sequence[int], majority: int) -> str:
+    """What a release command did, from the counted members' RELEASE replies (1
+    released now, 2 released before from that token, 0 not): "released", "repeated"
+    (a majority released it, every one of them before: the command was delivered
+    twice or redone after a crash), "stale" (a majority does not hold that token) or
+    "wait" (no majority yet: retry the command later)."""
+    released = sum(1 for a in answers if a in (1, 2))
+    if released >= majority:
+        return "released" if 1 in answers else "repeated"
+    if len(answers) - released >= majority:
+        return "stale"
+    return "wait"
+
+
 class FailureLoop:
     def __init__(
         self, settings: Settings, quorum: Quorum, producer: AIOKafkaProducer, metrics: Metrics
@@ -313,21 +327,19 @@ class FailureLoop:
         replies = await self.quorum.release(digests, [c.token for _, c in valid])
         for j, (rec, cmd) in enumerate(valid):
             answers = [a for r in replies if (a := r[j]) is not None]
-            released = len(answers) - answers.count(0)
-            if released >= self.quorum.majority and 1 not in answers:
-                # Every member had released it from that token already: the command
-                # was repeated (or is redone after a crash), as a handover's copy is.
+            decision = release_decision(answers, self.quorum.majority)
+            if decision == "repeated":  # counted stale, as a handover's second copy is
                 self.metrics.releases.labels("stale").inc()
                 logger.info(
                     "repeated release for %s (%s): released before", cmd.readable_id, cmd.ref,
                     extra=_fields(cmd),
                 )  # fmt: skip
-            elif released >= self.quorum.majority:
+            elif decision == "released":
                 self.metrics.releases.labels("released").inc()
                 logger.info(
                     "released %s (%s): %s", cmd.readable_id, cmd.ref, cmd.reason, extra=_fields(cmd)
                 )
-            elif len(answers) - released >= self.quorum.majority:
+            elif decision == "stale":
                 self.metrics.releases.labels("stale").inc()
                 logger.info(
                     "stale release for %s (%s): token no longer holds", cmd.readable_id, cmd.ref,
