@@ -237,12 +237,17 @@ def handover_decision(answers: Sequence[int], majority: int) -> str:
 
 def release_decision(answers: Sequence[int], majority: int) -> str:
     """What a release command did, from the counted members' RELEASE replies (1
-    released now, 2 released before from that token, 0 not): "released", "repeated"
-    (a majority released it, every one of them before: the command was delivered
-    twice or redone after a crash), "stale" (a majority does not hold that token) or
-    "wait" (no majority yet: retry the command later)."""
+    released now, 2 released before from that token, 3 no live mark, 0 held by
+    another owner): "released", "repeated" (released, every one of them before: the
+    command was delivered twice or redone after a crash), "stale" (a majority does
+    not hold that token) or "wait" (no majority yet: retry the command later).
+
+    Released means the id is free on a majority: released there, or never marked (a
+    member that missed the claim and its fill). Counted as "stale" instead, that
+    member tied with one that released it while a third recovered, and the command
+    partition waited forever, as a handover's did (see handover_decision)."""
     released = sum(1 for a in answers if a in (1, 2))
-    if released >= majority:
+    if released and released + answers.count(3) >= majority:
         return "released" if 1 in answers else "repeated"
     if len(answers) - released >= majority:
         return "stale"

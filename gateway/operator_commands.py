@@ -23,6 +23,7 @@ from aiokafka.errors import KafkaError
 
 from gateway.config import Settings
 from gateway.delay import find_waiting
+from gateway.failures import release_decision
 from gateway.kafka import build_consumer, build_producer, partitions_of
 from gateway.keys import TOMBSTONE, dead_token, is_released, mark_digest
 from gateway.metrics import Metrics
@@ -122,9 +123,9 @@ async def release(
     """Release the id's mark: only where it holds `token` when given, else whoever holds it.
 
     The mark becomes a tombstone (`-<token>`, gateway/keys.py): the next copy
-    is new, a replay of the released source record is not. Exit code 0 when a
-    majority of instances released it (with `dry_run`: would release it), 1
-    otherwise.
+    is new, a replay of the released source record is not. Exit code 0 when the
+    gateway would count it released (failures.release_decision: free on a majority,
+    released on one at least; with `dry_run`: would be), 1 otherwise.
     """
     quorum = Quorum(settings.redis, Metrics())
     digest = mark_digest(message_id)
@@ -139,20 +140,23 @@ async def release(
             results = await quorum.delete(digest)
     finally:
         await quorum.close()
-    deleted = sum(1 for r in results if r)
-    ok = deleted >= quorum.majority
-    states = [_release_state(r, dry_run) for r in results]
+    deleted, unmarked = sum(1 for r in results if r in (1, 2)), results.count(3)
+    answers = [r for r in results if r is not None]
+    ok = release_decision(answers, quorum.majority) in ("released", "repeated")
+    states = [_release_state(r, dry_run, token is not None) for r in results]
     names = [inst.name for inst in quorum.instances]
     if output == "json":
         _print_json({
             **_id_fields(message_id), "token": token, "dry_run": dry_run,
             "instances": [{"instance": n, "result": s} for n, s in zip(names, states, strict=True)],
-            "deleted": deleted, "size": quorum.size, "majority": quorum.majority, "released": ok,
+            "deleted": deleted, "no_mark": unmarked, "size": quorum.size,
+            "majority": quorum.majority, "released": ok,
         })  # fmt: skip
         return 0 if ok else 1
     print(table(("instance", "result"), list(zip(names, states, strict=True))))
     verb = "would be released" if dry_run else "released"
-    print(f"{verb} on {deleted} of {quorum.size} instances: {'ok' if ok else 'NOT released'}")
+    free = f" (no live mark on {unmarked})" if unmarked else ""
+    print(f"{verb} on {deleted} of {quorum.size} instances{free}: {'ok' if ok else 'NOT released'}")
     return 0 if ok else 1
 
 
@@ -199,22 +203,25 @@ async def set_paused(
 
 def _would_release(view: MarkView, token: str | None) -> int:
     """What a release from `token` (scripts.RELEASE), or without one (DELETE), would
-    answer on this member: 1 release now, 2 released before from that token, 0 not."""
-    if view.owner is None:
-        return 0
+    answer on this member: 1 release now, 2 released before from that token, 3 no
+    live mark, 0 not (held by another owner; without a token: absent or released)."""
     if token is None:
-        return int(not is_released(view.owner))
+        return int(view.owner is not None and not is_released(view.owner))
+    if view.owner is None:
+        return 3
     return 1 if view.owner == token else 2 if view.owner == TOMBSTONE + token else 0
 
 
-def _release_state(result: int | None, dry_run: bool) -> str:
+def _release_state(result: int | None, dry_run: bool, with_token: bool) -> str:
     if result is None:
         return "no answer"
     if result == 2:
         return "released before (from that token)"
+    if result == 3:
+        return "no live mark"
     if result:
         return "would release" if dry_run else "released"
-    return "not held / absent / released before"
+    return "held by another owner" if with_token else "absent / released before"
 
 
 @dataclass
@@ -339,7 +346,7 @@ class _Redrive:
             ]
         else:
             replies = [r[0] for r in await self.quorum.release([digest], [token])]
-        outcome.deleted = sum(1 for r in replies if r)
+        outcome.deleted = sum(1 for r in replies if r in (1, 2))
         outcome.no_answer = sum(1 for r in replies if r is None)
         outcome.not_held = len(replies) - outcome.deleted - outcome.no_answer
         # The instances that answered no longer hold the dead-letter mark: with a

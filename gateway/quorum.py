@@ -551,8 +551,8 @@ class Quorum:
         self, digests: Sequence[bytes], tokens: Sequence[str]
     ) -> list[list[int | None]]:
         """Per member, per digest: 1 released now, 2 released from that token before
-        (a repeated or redone command), 0 not, None for no answer (or a member that is
-        not counted)."""
+        (a repeated or redone command), 3 no live mark, 0 held by another owner; None
+        for no answer (or a member that is not counted)."""
 
         def plan(group: Group, items: Sequence[int]) -> Planned:
             args = [*group.layout, *(v for k in items for v in (digests[k], tokens[k]))]

@@ -390,11 +390,7 @@ async def test_a_member_that_missed_a_handover_is_brought_up_though_another_reco
     by members 0 and 2: member 2, still holding attempt 1's token, is handed over too.
     It used to answer "stale" against member 0's "handed over", and the command
     partition waited forever (chaos seed 1, retry mode)."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    servers = redis_servers(3)
-    failures = {"mode": "retry", "backoff_initial": "10ms", "backoff_max": "50ms"}
-    settings = make_settings(broker, topics, redis_urls(servers), failures=failures)
+    topics, servers, settings = await over_three_members(broker, redis_servers, names, "retry")
     async with running(settings) as gateway:
         await produce(broker, topics.raw, [copy_of("m-1")])
         (first,) = await clean_copies(broker, topics, count=1)
@@ -418,3 +414,43 @@ async def test_a_member_that_missed_a_handover_is_brought_up_though_another_reco
     # Member 2 is up to date: it holds attempt 3's token, as member 0 does.
     for server in (servers[0], servers[2]):
         assert await owners_on(server, [mark_digest(b"m-1")]) == [token_of(third)]
+
+
+async def test_a_member_that_missed_a_claim_and_its_fill_does_not_hold_a_release_back(
+    broker, redis_servers, names
+):
+    """Member 2 hangs through the claim, and the gateway stops before its fill is
+    sent: it never holds the mark. Then member 1 restarts empty (recovering). The
+    release is decided by members 0 (released) and 2 (no live mark: the id is free
+    there too). It used to count that member as "stale", and the 1:1 tie held the
+    command partition forever, as the retry case above did."""
+    topics, servers, settings = await over_three_members(broker, redis_servers, names, "release")
+    try:
+        async with running(settings) as gateway:
+            await eventually(lambda: gateway.readiness()[0], what="ready")  # epochs read
+            servers[2].pause()
+            await produce(broker, topics.raw, [copy_of("m-1")])
+            await wait_committed(broker, topics.group, topics.raw, {0: 1})
+    finally:
+        servers[2].resume()
+    (first,) = await clean_copies(broker, topics, count=1)
+    assert await owners_on(servers[2], [mark_digest(b"m-1")]) == [None]
+    servers[1].stop()
+    servers[1].start()  # empty: recovering until rebuilt
+    async with running(settings) as gateway:
+        m = gateway.metrics
+        await eventually(lambda: gateway.quorum.counted() == [True, False, True])
+        await produce(broker, topics.failures, [failure_command(first, "api down")])
+        await eventually(lambda: counter_value(m.releases, "released") == 1, what="released")
+        await produce(broker, topics.raw, [copy_of("m-1")])  # the producer's next copy: new
+        await wait_committed(broker, topics.group, topics.raw, {0: 2})
+    assert len(await clean_copies(broker, topics, count=2)) == 2
+
+
+async def over_three_members(broker, redis_servers, names, mode):
+    """Topics, three redis-servers and a gateway's settings over them, in `mode`."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    servers = redis_servers(3)
+    failures = {"mode": mode, "backoff_initial": "10ms", "backoff_max": "50ms"}
+    return topics, servers, make_settings(broker, topics, redis_urls(servers), failures=failures)

@@ -87,6 +87,7 @@ async def test_release_frees_the_id_for_another_copy_but_not_for_a_replay_of_the
     await quorum.claim([a, b, c], ["1", "2", "5"])
     assert await quorum.release([a, b, c], ["1", "999", "5"]) == [[1, 0, 1]]
     assert await quorum.release([a], ["1"]) == [[2]]  # a second copy: released already
+    assert await quorum.release(digests("never-claimed", 1), ["1"]) == [[3]]  # no live mark
     # The released record replayed (a gateway re-reading an uncommitted batch) stays a
     # duplicate of the release, so it cannot take the id back under its old token.
     assert await quorum.claim([a], ["1"]) == [["-1"]]

@@ -43,6 +43,12 @@ def test_a_done_note_settles_a_command_and_otherwise_a_majority_decides(
         ([], 2, "wait"),
         ([1, 1, 0, 0, 0], 3, "stale"),
         ([1, 2, 2, 0, 0], 3, "released"),
+        ([1, 3], 2, "released"),  # the other member has no live mark: free there too
+        ([2, 3], 2, "repeated"),
+        ([1, 0, 3], 2, "released"),
+        ([3, 3], 2, "stale"),  # no member holds it (expired): nothing to release
+        ([0, 3], 2, "stale"),
+        ([3], 2, "wait"),
     ],
 )
 def test_a_release_is_decided_by_a_majority_and_a_repeat_is_told_apart(
