@@ -224,15 +224,40 @@ def handover_decision(answers: Sequence[int], majority: int) -> str:
     acknowledged, so one member saying so settles it: a member that missed that note
     (it gave no answer to `mark_done`) says 2 ("redo") instead, and with a third
     member recovering that 2:4 tie would hold the command partition forever (chaos
-    seed 1)."""
-    if 4 in answers:
+    seed 1). A 5 (a later attempt holds the mark) settles it too: a later command
+    acted, so this one had. When the members that hold the next attempt now are a
+    majority only with those another copy of the command moved (3), this copy acts
+    as well: at worst the retry goes out twice under one token, which the Spark job
+    drops (`dedup-token`); waiting would hold the partition until that third member
+    is counted again."""
+    if 4 in answers or 5 in answers:
         return "skip"
-    act = sum(1 for a in answers if a in (1, 2))
-    if act >= majority:
+    mine, theirs = sum(1 for a in answers if a in (1, 2)), answers.count(3)
+    if mine >= majority:
         return "act"
-    if len(answers) - act >= majority:
+    if theirs >= majority:
+        return "skip"
+    if mine + theirs >= majority:
+        return "act"
+    if len(answers) - mine >= majority:
         return "skip"
     return "wait"
+
+
+def handover_of(cmd: Command, max_attempts: int) -> Handover:
+    """The mark's handover from the command's failed attempt to the next one (or to
+    the dead letter), with the source record's other attempts' tokens: a member still
+    holding an earlier one missed a handover; one holding a later one (or the dead
+    letter's) shows the command is stale."""
+    src = (cmd.topic, cmd.partition, cmd.offset)
+    dead = cmd.attempt >= max_attempts
+    nxt = dead_token(*src) if dead else owner_token(*src, cmd.attempt + 1)
+    # No attempt past max_attempts is ever forwarded, whatever a command says.
+    earlier = [owner_token(*src, k) for k in range(1, min(cmd.attempt, max_attempts + 1))]
+    later = [] if dead else [
+        *(owner_token(*src, k) for k in range(cmd.attempt + 2, max_attempts + 1)), dead_token(*src)
+    ]  # fmt: skip
+    return Handover(mark_digest(cmd.id), cmd.token, nxt, cmd.ref, earlier, later)
 
 
 def release_decision(answers: Sequence[int], majority: int) -> str:
@@ -370,7 +395,7 @@ class FailureLoop:
     async def _hand_over(
         self, tp: TopicPartition, part: _Partition, valid: list[tuple[Record, Command]]
     ) -> int | None:
-        marks = [self._handover_of(cmd) for _, cmd in valid]
+        marks = [handover_of(cmd, self.failures.max_attempts) for _, cmd in valid]
         replies = await self.quorum.handover(marks)
         now = time.monotonic()
         for j, (rec, cmd) in enumerate(valid):
@@ -390,17 +415,6 @@ class FailureLoop:
             else:
                 return self._undecided(part, rec, cmd, answers)
         return None
-
-    def _handover_of(self, cmd: Command) -> Handover:
-        """The mark's handover from the failed attempt to the next one (or to the dead
-        letter), naming the earlier attempts a member that missed a handover still holds."""
-        src = (cmd.topic, cmd.partition, cmd.offset)
-        dead = cmd.attempt >= self.failures.max_attempts
-        nxt = dead_token(*src) if dead else owner_token(*src, cmd.attempt + 1)
-        # No attempt past max_attempts is ever forwarded, whatever a command says.
-        last = min(cmd.attempt, self.failures.max_attempts + 1)
-        earlier = [owner_token(*src, k) for k in range(1, last)]
-        return Handover(mark_digest(cmd.id), cmd.token, nxt, cmd.ref, earlier)
 
     def _backoff(self, attempt: int) -> float:
         return backoff_delay(

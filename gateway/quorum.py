@@ -119,6 +119,9 @@ class Handover:
     # The same source record's earlier attempts' tokens: a member still holding one
     # missed a handover the majority made, and is handed over too.
     earlier: Sequence[str] = ()
+    # Its later attempts' tokens and the dead letter's: a member holding one shows
+    # that the command is stale.
+    later: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -562,8 +565,9 @@ class Quorum:
 
     async def handover(self, marks: Sequence[Handover]) -> list[list[int | None]]:
         """Per member, per command: 1 handed over now, 2 replay of the same
-        command (redo), 3 another copy of the command, 4 already done, 0 stale;
-        None for no answer (or a member that is not counted).
+        command (redo), 3 another copy of the command, 4 already done, 5 held by a
+        later attempt, 0 held by another owner; None for no answer (or a member
+        that is not counted).
         """
         digests = [m.digest for m in marks]
 
@@ -571,7 +575,8 @@ class Quorum:
             keys = [group.meta, *(handover_key(group.prefix, digests[k]) for k in items)]
             args = [*group.layout, epoch_id, b"".join(digests[k] for k in items)]
             for m in (marks[k] for k in items):
-                args += (m.failed, m.next, m.ref, "".join(f"{t}," for t in m.earlier))
+                args += (m.failed, m.next, m.ref, *("".join(f"{t}," for t in ts)
+                                                    for ts in (m.earlier, m.later)))  # fmt: skip
             return [(("handover", keys, args), items)]
 
         results = await self._per_item_on_counted("handover", digests, plan, needs_epoch=True)

@@ -370,16 +370,17 @@ return out
 # So is a mark still held by an earlier attempt of the same source record: this
 # member missed a handover the majority made (it gave no answer then), and is
 # brought up to date now. Left at 0, it tied with a member that did the handover
-# while a third recovered, and the command waited forever (chaos seed 1).
+# while a third recovered, and the command waited forever (chaos seed 1). A mark
+# held by a later attempt (or the dead letter) shows the command is stale: 5.
 # KEYS[i + 1]: mark i's handover side key; ARGV[5]: the epoch id the caller
 # expects (nothing is written if the instance holds another); ARGV[6]: the
 # marks' digests, concatenated (equal lengths); ARGV[7..]: failed token, next
-# token, command ref, the earlier attempts' tokens (each followed by a comma);
-# per mark.
+# token, command ref, the earlier attempts' tokens and the later ones (each
+# token followed by a comma); per mark.
 # Reply per mark: 1 handed over now, 2 handed over by this same command
 # before but its effect not yet done (a replay: redo it), 3 handed over by
-# another copy of the command, 4 this command's effect is done, 0 held by
-# another owner (a stale command). Or 'epoch:<epoch held>'.
+# another copy of the command, 4 this command's effect is done, 5 held by a
+# later attempt, 0 held by another owner. Or 'epoch:<epoch held>'.
 HANDOVER = (
     WRITES
     + PRELUDE
@@ -393,13 +394,15 @@ local out = {}
 for i = 1, #KEYS - 1 do
   local by = KEYS[i + 1]
   local digest = string.sub(ARGV[6], (i - 1) * len + 1, i * len)
-  local failed, nxt, ref = ARGV[4 * i + 3], ARGV[4 * i + 4], ARGV[4 * i + 5]
-  local earlier = ARGV[4 * i + 6]
+  local failed, nxt, ref = ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4]
+  local earlier, later = ARGV[5 * i + 5], ARGV[5 * i + 6]
   local h = hash_of(digest)
   local bucket, held = find(slices, digest, h, 1)
   if held == nxt then
     local last = redis.call('GET', by)
     if last == ref then out[i] = 2 elseif last == ref .. '!done' then out[i] = 4 else out[i] = 3 end
+  elseif held and string.find(',' .. later, ',' .. held .. ',', 1, true) then
+    out[i] = 5
   elseif held == failed or held == false or released(held)
       or string.find(',' .. earlier, ',' .. held .. ',', 1, true) then
     -- Moved to the current slice. Held there already, it is overwritten: an HDEL

@@ -151,6 +151,10 @@ async def test_a_member_still_holding_an_earlier_attempt_is_handed_over_another_
     attempt_2_failed = Handover(behind, "12", "13", "failures/0/7", earlier=("11",))
     assert await quorum.handover([attempt_2_failed]) == [[1]]
     assert await quorum.claim([behind], ["5"]) == [["13"]]
+    # A copy of attempt 1's command, late: a later attempt holds the mark (5), unchanged.
+    late = Handover(behind, "11", "12", "failures/0/2", later=("13", "14"))
+    assert await quorum.handover([late]) == [[5]]
+    assert await quorum.claim([behind], ["5"]) == [["13"]]
     # A source's earlier tokens never name another source's owner: stale, unchanged.
     assert await quorum.handover([Handover(other, "12", "13", "failures/0/8", ("11",))]) == [[0]]
     assert await quorum.claim([other], ["5"]) == [["99"]]

@@ -1,11 +1,13 @@
-"""How the failure loop reads the members' HANDOVER and RELEASE replies
-(gateway/failures.py)."""
+"""What the failure loop asks the members (the handover's tokens) and how it reads
+their HANDOVER and RELEASE replies (gateway/failures.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.failures import handover_decision, release_decision
+from gateway.commands import Command
+from gateway.failures import handover_decision, handover_of, release_decision
+from gateway.keys import dead_token, mark_digest, owner_token
 
 
 @pytest.mark.parametrize(
@@ -18,7 +20,14 @@ from gateway.failures import handover_decision, release_decision
         ([0, 0], 2, "skip"),  # stale
         ([2, 4], 2, "skip"),  # done on one member: its note is written after the ack
         ([2, 2, 4], 2, "skip"),
-        ([1, 3], 2, "wait"),  # one each way, no third answer counted
+        # Moved on a majority only with another copy's members: act too (a retry
+        # twice under one token at worst) rather than wait for the third member.
+        ([1, 3], 2, "act"),
+        ([3, 2], 2, "act"),
+        ([0, 3], 2, "skip"),
+        ([1, 5], 2, "skip"),  # a later attempt holds it: a later command acted
+        ([2, 2, 5], 2, "skip"),
+        ([1, 0], 2, "wait"),  # one each way, no third answer counted
         ([1], 2, "wait"),
         ([], 2, "wait"),
     ],
@@ -55,3 +64,34 @@ def test_a_release_is_decided_by_a_majority_and_a_repeat_is_told_apart(
     answers: list[int], majority: int, decision: str
 ) -> None:
     assert release_decision(answers, majority) == decision
+
+
+def command(attempt: int) -> Command:
+    return Command(
+        id=b"m-1", token=owner_token("raw", 2, 40, attempt), reason="boom", topic="raw",
+        partition=2, offset=40, attempt=attempt, reasons=(), ref="failures/0/9",
+    )  # fmt: skip
+
+
+def test_a_handover_names_the_source_records_earlier_and_later_attempts() -> None:
+    def tokens(*attempts: int) -> list[str]:
+        return [owner_token("raw", 2, 40, k) for k in attempts]
+
+    handover = handover_of(command(3), max_attempts=5)
+    assert (handover.digest, handover.failed) == (mark_digest(b"m-1"), tokens(3)[0])
+    assert handover.next == tokens(4)[0]
+    assert list(handover.earlier) == tokens(1, 2)
+    assert list(handover.later) == [*tokens(5), dead_token("raw", 2, 40)]
+    first = handover_of(command(1), max_attempts=5)
+    assert (list(first.earlier), list(first.later)) == (
+        [],
+        [*tokens(3, 4, 5), dead_token("raw", 2, 40)],
+    )
+    dead = handover_of(command(5), max_attempts=5)  # the last attempt failed: dead-lettered
+    assert (dead.next, list(dead.earlier), list(dead.later)) == (
+        dead_token("raw", 2, 40),
+        tokens(1, 2, 3, 4),
+        [],
+    )
+    # An attempt no gateway forwarded (past max_attempts) names no more tokens.
+    assert list(handover_of(command(900), max_attempts=5).earlier) == tokens(1, 2, 3, 4, 5)
