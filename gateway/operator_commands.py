@@ -342,7 +342,7 @@ class _Redrive:
         if self.dry_run:
             views = await self.quorum.inspect(digest)
             replies: list[int | None] = [
-                None if v is None else int(v.owner == token) for v in views
+                None if v is None else _would_release(v, token) for v in views
             ]
         else:
             replies = [r[0] for r in await self.quorum.release([digest], [token])]
