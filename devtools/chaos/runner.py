@@ -20,7 +20,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -99,6 +99,10 @@ class Result:
             f"{s['commands_reordered']} reordered, {s['commands_garbage']} garbage"
         )
 
+    # The gateways' log lines about the raw records the failing violations name
+    # (`log_evidence`): the stack, and its logs, are gone when the report is read.
+    evidence: list[str] = field(default_factory=list)
+
     def report(self, limit: int = 8) -> str:
         """The seed, the schedule, the timeline and the violations, grouped by rule."""
         lines = [self.summary(), "", self.schedule.describe(), "", "timeline:"]
@@ -112,6 +116,9 @@ class Result:
             lines += [f"  - {v.message}" for v in found[:limit]]
             if len(found) > limit:
                 lines.append(f"  ... and {len(found) - limit} more")
+        if self.evidence:
+            lines += ["", "gateway log lines about those records and their partitions:"]
+            lines += [f"  {line}" for line in self.evidence]
         lines += ["", f"reproduce: {self.schedule.reproduce()}"]
         return "\n".join(lines)
 
@@ -154,6 +161,8 @@ class Run:
         observations.tracebacks = self._tracebacks()
         observations.skipped_commands = self._skipped_commands()
         violations = check(observations)
+        logs = {g.log.name: g.log.read_text(errors="replace") for g in self.gateways
+                if g.log.exists()}  # fmt: skip
         return Result(
             self.schedule,
             observations,
@@ -161,6 +170,7 @@ class Run:
             stats(observations),
             self.timeline,
             time.monotonic() - started,
+            log_evidence([v for v in violations if not v.tolerated], self.topics.raw, logs),
         )
 
     async def _run(self) -> Observations:
@@ -596,6 +606,33 @@ _SKIPPED = re.compile(
     r"^(\S+ \S+) WARNING gateway\.failures invalid failure command(?: at (\S+))? skipped: (.*)$"
 )
 _ERROR_LINE = re.compile(r"^[\s|]*((?!ExceptionGroup)[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*)$")
+
+
+_RAW_RECORD = re.compile(r"\braw (\d+)/(\d+)\b")  # how violations name a raw record
+
+
+def log_evidence(
+    violations: list[Violation], raw_topic: str, logs: dict[str, str], limit: int = 40
+) -> list[str]:
+    """The log lines (`logs`: name to text) naming a raw record that `violations`
+    name (at most three records), with the lines that assign or revoke its partition
+    and each incarnation's start: which gateway handled it, and what it did."""
+    records = list(dict.fromkeys(
+        (int(p), int(o)) for v in violations for p, o in _RAW_RECORD.findall(v.message)
+    ))[:3]  # fmt: skip
+    if not records:
+        return []
+    named = re.compile("|".join(re.escape(f"{raw_topic}/{p}/{o}") + r"(?!\d)" for p, o in records))
+    partitions = [f"TopicPartition(topic='{raw_topic}', partition={p})" for p, _ in records]
+    found = []
+    for name, text in logs.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            moved = "partitions " in line and any(p in line for p in partitions)
+            if line.startswith("=== chaos:") or moved or named.search(line):
+                found.append(f"{name}:{number}: {line[:400]}")
+    if len(found) > limit:
+        found = [*found[:limit], f"... and {len(found) - limit} more"]
+    return found
 
 
 def last_error(path: Path) -> str:
