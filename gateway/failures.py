@@ -56,7 +56,7 @@ from gateway.keys import dead_token, mark_digest, owner_token
 from gateway.lanes import lane_headers
 from gateway.metrics import Metrics
 from gateway.pausing import backoff_delay
-from gateway.quorum import Handover, Quorum
+from gateway.quorum import NO_LIVE_MARK, RELEASED, RELEASED_NOW, Handover, Quorum
 from gateway.records import (
     H_ATTEMPT,
     H_REASON,
@@ -271,9 +271,9 @@ def release_decision(answers: Sequence[int], majority: int) -> str:
     member that missed the claim and its fill). Counted as "stale" instead, that
     member tied with one that released it while a third recovered, and the command
     partition waited forever, as a handover's did (see handover_decision)."""
-    released = sum(1 for a in answers if a in (1, 2))
-    if released and released + answers.count(3) >= majority:
-        return "released" if 1 in answers else "repeated"
+    released = sum(1 for a in answers if a in RELEASED)
+    if released and released + answers.count(NO_LIVE_MARK) >= majority:
+        return "released" if RELEASED_NOW in answers else "repeated"
     if len(answers) - released >= majority:
         return "stale"
     return "wait"

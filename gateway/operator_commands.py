@@ -27,7 +27,15 @@ from gateway.failures import release_decision
 from gateway.kafka import build_consumer, build_producer, partitions_of
 from gateway.keys import TOMBSTONE, dead_token, is_released, mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum import MarkView, Quorum
+from gateway.quorum import (
+    HELD_BY_ANOTHER,
+    NO_LIVE_MARK,
+    RELEASED,
+    RELEASED_BEFORE,
+    RELEASED_NOW,
+    MarkView,
+    Quorum,
+)
 from gateway.records import H_ID, H_SOURCE, PREFIX, Record, parse_source_ref, source_ref
 
 logger = logging.getLogger(__name__)
@@ -140,7 +148,7 @@ async def release(
             results = await quorum.delete(digest)
     finally:
         await quorum.close()
-    deleted, unmarked = sum(1 for r in results if r in (1, 2)), results.count(3)
+    deleted, unmarked = sum(1 for r in results if r in RELEASED), results.count(NO_LIVE_MARK)
     answers = [r for r in results if r is not None]
     ok = release_decision(answers, quorum.majority) in ("released", "repeated")
     states = [_release_state(r, dry_run, token is not None) for r in results]
@@ -208,16 +216,18 @@ def _would_release(view: MarkView, token: str | None) -> int:
     if token is None:
         return int(view.owner is not None and not is_released(view.owner))
     if view.owner is None:
-        return 3
-    return 1 if view.owner == token else 2 if view.owner == TOMBSTONE + token else 0
+        return NO_LIVE_MARK
+    if view.owner == token:
+        return RELEASED_NOW
+    return RELEASED_BEFORE if view.owner == TOMBSTONE + token else HELD_BY_ANOTHER
 
 
 def _release_state(result: int | None, dry_run: bool, with_token: bool) -> str:
     if result is None:
         return "no answer"
-    if result == 2:
+    if result == RELEASED_BEFORE:
         return "released before (from that token)"
-    if result == 3:
+    if result == NO_LIVE_MARK:
         return "no live mark"
     if result:
         return "would release" if dry_run else "released"
@@ -346,7 +356,7 @@ class _Redrive:
             ]
         else:
             replies = [r[0] for r in await self.quorum.release([digest], [token])]
-        outcome.deleted = sum(1 for r in replies if r in (1, 2))
+        outcome.deleted = sum(1 for r in replies if r in RELEASED)
         outcome.no_answer = sum(1 for r in replies if r is None)
         outcome.not_held = len(replies) - outcome.deleted - outcome.no_answer
         # The instances that answered no longer hold the dead-letter mark: with a

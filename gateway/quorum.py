@@ -108,6 +108,11 @@ Planned = list[tuple[Call, Sequence[int]]]
 _MISPLACED = (AskError, TryAgainError, ClusterDownError)
 
 
+# RELEASE's reply per mark (scripts.RELEASE); `RELEASED` count towards a release.
+HELD_BY_ANOTHER, RELEASED_NOW, RELEASED_BEFORE, NO_LIVE_MARK = 0, 1, 2, 3
+RELEASED = (RELEASED_NOW, RELEASED_BEFORE)
+
+
 @dataclass(frozen=True)
 class Handover:
     """One failure command's handover of a mark (scripts.HANDOVER)."""

@@ -161,8 +161,9 @@ class Run:
         observations.tracebacks = self._tracebacks()
         observations.skipped_commands = self._skipped_commands()
         violations = check(observations)
+        failing = [v for v in violations if not v.tolerated]
         logs = {g.log.name: g.log.read_text(errors="replace") for g in self.gateways
-                if g.log.exists()}  # fmt: skip
+                if failing and g.log.exists()}  # fmt: skip
         return Result(
             self.schedule,
             observations,
@@ -170,7 +171,7 @@ class Run:
             stats(observations),
             self.timeline,
             time.monotonic() - started,
-            log_evidence([v for v in violations if not v.tolerated], self.topics.raw, logs),
+            log_evidence(failing, self.topics.raw, logs),
         )
 
     async def _run(self) -> Observations:

@@ -52,10 +52,16 @@ def attempt_of(rec) -> int:
 
 
 @pytest.fixture
-async def setup(broker, redis_servers, names):
+def members(redis_servers):
+    """The three redis-servers of `setup`'s gateway (the same in one test)."""
+    return redis_servers(3)
+
+
+@pytest.fixture
+async def setup(broker, members, names):
     topics = Topics(names)
     await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    urls = redis_urls(redis_servers(3))
+    urls = redis_urls(members)
 
     def settings(**failures):
         return make_settings(
@@ -383,15 +389,15 @@ async def test_an_invalid_command_behind_one_that_waits_for_a_majority_is_counte
 
 
 async def test_a_member_that_missed_a_handover_is_brought_up_though_another_recovers(
-    broker, redis_servers, names
+    broker, setup, members
 ):
     """Member 2 hangs through attempt 1's handover (members 0 and 1 make it), then
     member 1 restarts empty (recovering, not counted). Attempt 2's command is decided
     by members 0 and 2: member 2, still holding attempt 1's token, is handed over too.
     It used to answer "stale" against member 0's "handed over", and the command
     partition waited forever (chaos seed 1, retry mode)."""
-    topics, servers, settings = await over_three_members(broker, redis_servers, names, "retry")
-    async with running(settings) as gateway:
+    (topics, settings), servers = setup, members
+    async with running(settings(mode="retry")) as gateway:
         await produce(broker, topics.raw, [copy_of("m-1")])
         (first,) = await clean_copies(broker, topics, count=1)
         servers[2].pause()
@@ -417,14 +423,15 @@ async def test_a_member_that_missed_a_handover_is_brought_up_though_another_reco
 
 
 async def test_a_member_that_missed_a_claim_and_its_fill_does_not_hold_a_release_back(
-    broker, redis_servers, names
+    broker, setup, members
 ):
     """Member 2 hangs through the claim, and the gateway stops before its fill is
     sent: it never holds the mark. Then member 1 restarts empty (recovering). The
     release is decided by members 0 (released) and 2 (no live mark: the id is free
     there too). It used to count that member as "stale", and the 1:1 tie held the
     command partition forever, as the retry case above did."""
-    topics, servers, settings = await over_three_members(broker, redis_servers, names, "release")
+    (topics, settings_in), servers = setup, members
+    settings = settings_in(mode="release")
     try:
         async with running(settings) as gateway:
             await eventually(lambda: gateway.readiness()[0], what="ready")  # epochs read
@@ -445,12 +452,3 @@ async def test_a_member_that_missed_a_claim_and_its_fill_does_not_hold_a_release
         await produce(broker, topics.raw, [copy_of("m-1")])  # the producer's next copy: new
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
     assert len(await clean_copies(broker, topics, count=2)) == 2
-
-
-async def over_three_members(broker, redis_servers, names, mode):
-    """Topics, three redis-servers and a gateway's settings over them, in `mode`."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    servers = redis_servers(3)
-    failures = {"mode": mode, "backoff_initial": "10ms", "backoff_max": "50ms"}
-    return topics, servers, make_settings(broker, topics, redis_urls(servers), failures=failures)

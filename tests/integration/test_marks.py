@@ -127,16 +127,16 @@ async def test_a_handover_moves_the_mark_and_a_second_copy_of_the_command_does_n
     quorum = quorum_on()
     (mark,) = digests("hand", 1)
     await quorum.claim([mark], ["1"])
-    assert await quorum.handover([Handover(mark, "1", "2", "failures/0/5")]) == [[1]]
-    assert await quorum.handover([Handover(mark, "1", "2", "failures/0/5")]) == [
-        [2]
-    ]  # crash replay
-    assert await quorum.handover([Handover(mark, "1", "2", "failures/1/9")]) == [
-        [3]
-    ]  # another copy
+
+    def command(ref: str, failed: str = "1", nxt: str = "2") -> list[Handover]:
+        return [Handover(mark, failed, nxt, ref)]
+
+    assert await quorum.handover(command("failures/0/5")) == [[1]]
+    assert await quorum.handover(command("failures/0/5")) == [[2]]  # crash replay
+    assert await quorum.handover(command("failures/1/9")) == [[3]]  # another copy
     await quorum.mark_done([mark], ["failures/0/5"])
-    assert await quorum.handover([Handover(mark, "1", "2", "failures/0/5")]) == [[4]]
-    assert await quorum.handover([Handover(mark, "77", "78", "failures/0/6")]) == [[0]]  # stale
+    assert await quorum.handover(command("failures/0/5")) == [[4]]
+    assert await quorum.handover(command("failures/0/6", "77", "78")) == [[0]]  # stale
     assert await quorum.claim([mark], ["5"]) == [["2"]]
 
 
