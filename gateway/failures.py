@@ -56,7 +56,17 @@ from gateway.keys import dead_token, mark_digest, owner_token
 from gateway.lanes import lane_headers
 from gateway.metrics import Metrics
 from gateway.pausing import backoff_delay
-from gateway.quorum import NO_LIVE_MARK, RELEASED, RELEASED_NOW, Handover, Quorum
+from gateway.quorum import (
+    EFFECT_DONE,
+    HANDED_OVER_BY_ANOTHER_COPY,
+    HELD_BY_LATER_ATTEMPT,
+    MOVED,
+    NO_LIVE_MARK,
+    RELEASED,
+    RELEASED_NOW,
+    Handover,
+    Quorum,
+)
 from gateway.records import (
     H_ATTEMPT,
     H_REASON,
@@ -220,19 +230,20 @@ def handover_decision(answers: Sequence[int], majority: int) -> str:
     (scripts.HANDOVER): "act" (hand over and retry or dead-letter), "skip" (stale, or
     another copy's, or done) or "wait" (no majority yet: retry the command later).
 
-    A 4 ("this command's effect is done") is written only after the effect was
-    acknowledged, so one member saying so settles it: a member that missed that note
-    (it gave no answer to `mark_done`) says 2 ("redo") instead, and with a third
-    member recovering that 2:4 tie would hold the command partition forever (chaos
-    seed 1). A 5 (a later attempt holds the mark) settles it too: a later command
-    acted, so this one had. When the members that hold the next attempt now are a
-    majority only with those another copy of the command moved (3), this copy acts
+    `EFFECT_DONE` is written only after the effect was acknowledged, so one member
+    saying so settles it: a member that missed that note (it gave no answer to
+    `mark_done`) says `HANDED_OVER_BEFORE` ("redo") instead, and with a third member
+    recovering that tie would hold the command partition forever (chaos seed 1).
+    `HELD_BY_LATER_ATTEMPT` settles it too: a later command acted, so this one had.
+    When the members that hold the next attempt now are a majority only with those
+    another copy of the command moved (`HANDED_OVER_BY_ANOTHER_COPY`), this copy acts
     as well: at worst the retry goes out twice under one token, which the Spark job
     drops (`dedup-token`); waiting would hold the partition until that third member
     is counted again."""
-    if 4 in answers or 5 in answers:
+    if EFFECT_DONE in answers or HELD_BY_LATER_ATTEMPT in answers:
         return "skip"
-    mine, theirs = sum(1 for a in answers if a in (1, 2)), answers.count(3)
+    mine = sum(1 for a in answers if a in MOVED)
+    theirs = answers.count(HANDED_OVER_BY_ANOTHER_COPY)
     if mine >= majority:
         return "act"
     if theirs >= majority:

@@ -111,6 +111,10 @@ _MISPLACED = (AskError, TryAgainError, ClusterDownError)
 # RELEASE's reply per mark (scripts.RELEASE); `RELEASED` count towards a release.
 HELD_BY_ANOTHER, RELEASED_NOW, RELEASED_BEFORE, NO_LIVE_MARK = 0, 1, 2, 3
 RELEASED = (RELEASED_NOW, RELEASED_BEFORE)
+# HANDOVER's reply per mark (scripts.HANDOVER); `MOVED` count as this command's move.
+(NOT_OURS, HANDED_OVER_NOW, HANDED_OVER_BEFORE, HANDED_OVER_BY_ANOTHER_COPY, EFFECT_DONE,
+ HELD_BY_LATER_ATTEMPT) = range(6)  # fmt: skip
+MOVED = (HANDED_OVER_NOW, HANDED_OVER_BEFORE)
 
 
 @dataclass(frozen=True)
@@ -569,11 +573,8 @@ class Quorum:
         return await self._per_item_on_counted("release", digests, plan)
 
     async def handover(self, marks: Sequence[Handover]) -> list[list[int | None]]:
-        """Per member, per command: 1 handed over now, 2 replay of the same
-        command (redo), 3 another copy of the command, 4 already done, 5 held by a
-        later attempt, 0 held by another owner; None for no answer (or a member
-        that is not counted).
-        """
+        """Per member, per command, HANDOVER's reply (`HANDED_OVER_NOW` ...
+        `NOT_OURS`, above); None for no answer (or a member that is not counted)."""
         digests = [m.digest for m in marks]
 
         def plan(epoch_id: str, group: Group, items: Sequence[int]) -> Planned:

@@ -377,10 +377,10 @@ return out
 # marks' digests, concatenated (equal lengths); ARGV[7..]: failed token, next
 # token, command ref, the earlier attempts' tokens and the later ones (each
 # token followed by a comma); per mark.
-# Reply per mark: 1 handed over now, 2 handed over by this same command
-# before but its effect not yet done (a replay: redo it), 3 handed over by
-# another copy of the command, 4 this command's effect is done, 5 held by a
-# later attempt, 0 held by another owner. Or 'epoch:<epoch held>'.
+# Reply per mark (named in gateway/quorum.py): 1 handed over now, 2 handed over
+# by this same command before but its effect not yet done (a replay: redo it),
+# 3 handed over by another copy of the command, 4 this command's effect is
+# done, 5 held by a later attempt, 0 held by another owner. Or 'epoch:<epoch held>'.
 HANDOVER = (
     WRITES
     + PRELUDE

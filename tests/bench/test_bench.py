@@ -64,11 +64,14 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     assert all(len(r["cluster_bytes_per_mark"]) == 1 for r in cluster_runs)
     assert all(len(r["cluster_client_bytes_per_mark"]) == 1 for r in cluster_runs)
     assert all(len(r["bytes_per_mark"]) == 2 for r in cluster_runs)  # the standalone two
+    (bounded,) = [t for t in written["targets"] if t["target"] == "gateway-3 / forwarder"]
+    assert bounded["cores_allow"] > 0
     (ratio,) = [t for t in written["targets"] if t["target"] == "gateway-3-cluster / gateway-3"]
     assert ratio["measured"] > 0 and ratio["met"] is None  # reported, no goal
     assert (tmp_path / "out" / "results.png").stat().st_size > 10_000
     text = results_md.read_text()
     assert "kept text" in text and "| forwarder / client-ceiling |" in text
+    assert "cores busy" in text and "cores allow" in text
     assert "| gateway-3 p99 over broker-floor, ms | 500/s |" in text
     assert "| gateway-3-cluster / gateway-3 |" in text and "cluster member (" in text
 
@@ -91,6 +94,20 @@ def test_ratios_compare_runs_of_the_same_round_and_quote_the_median() -> None:
     assert results.ratio("gateway-3", "forwarder", 0.2) == 0.5
     (target,) = [t for t in results.targets() if t["target"] == "gateway-3 / forwarder"]
     assert target["measured"] == 0.5 and target["met"] is False
+
+
+def test_what_the_cores_allow_is_a_rate_with_every_core_busy_against_the_baseline() -> None:
+    # gateway-3 used 3 CPU seconds (gateway, Redis, broker: 1 each) per 1,000 records: on
+    # 2 cores busy throughout that is 666.7 records/s, whatever its wall time was.
+    runs = [_run("forwarder", 1, 1.0), _run("gateway-3", 1, 2.0),
+            _run("forwarder", 2, 2.0), _run("gateway-3", 2, 4.0),
+            _run("forwarder", 3, 1.0), _run("gateway-3", 3, 3.0)]  # fmt: skip
+    results = report.Results(runs=runs, latencies=[], options={}, machine={"cores": 2})
+    assert [results.cores_busy(r) for r in runs[1::2]] == [0.75, 0.375, 0.5]
+    (target,) = [t for t in results.targets() if t["target"] == "gateway-3 / forwarder"]
+    # Same-round pairs: 666.7 / 1000, 666.7 / 500, 666.7 / 1000; the median.
+    assert target["cores_allow"] == pytest.approx(2 / 3)
+    assert target["measured"] == 0.5  # measured stays measured: the bound only explains it
 
 
 def test_a_scrape_of_the_workers_metrics_gives_their_summed_wait_for_votes() -> None:
