@@ -69,9 +69,7 @@ class Results:
 
     def ratio(self, variant: str, baseline: str, share: float) -> float | None:
         """Median over rounds of variant/baseline, both from the same round."""
-        base = {r.round: r.rate for r in self.of(baseline, share)}
-        pairs = [r.rate / base[r.round] for r in self.of(variant, share) if r.round in base]
-        return statistics.median(pairs) if pairs else None
+        return self._paired(variant, baseline, share, lambda r: r.rate)
 
     def cores_busy(self, run: ThroughputRun) -> float:
         """The share of the machine's cores `run` kept busy: the CPU of its gateway
@@ -85,12 +83,14 @@ class Results:
         `variant`'s records/s had it kept every core busy at its CPU per record
         (gateway, Redis and broker, which share the cores here), against `baseline`'s
         records/s in the same round."""
+        return self._paired(variant, baseline, share, lambda r: r.rate / self.cores_busy(r))
+
+    def _paired(
+        self, variant: str, baseline: str, share: float, value: Callable[[ThroughputRun], float]
+    ) -> float | None:
+        """Median over rounds of value(variant's run) / baseline's records/s, same round."""
         base = {r.round: r.rate for r in self.of(baseline, share)}
-        pairs = [
-            r.rate / self.cores_busy(r) / base[r.round]
-            for r in self.of(variant, share)
-            if r.round in base and self.cores_busy(r) > 0
-        ]
+        pairs = [value(r) / base[r.round] for r in self.of(variant, share) if r.round in base]
         return statistics.median(pairs) if pairs else None
 
     def per_million(self, variant: str, share: float, attr: str) -> float:
@@ -172,11 +172,11 @@ class Results:
             rows.append(("Redis bytes per mark, gateway-3-cluster",
                          f"cluster member ({CLUSTER_MASTERS} masters summed)", NO_GOAL, mark,
                          lambda v: None))  # fmt: skip
-        bounded = {"gateway-3 / forwarder": ("gateway-3", FORWARDER.name),
-                   "gateway-5 / gateway-3": ("gateway-5", "gateway-3")}  # fmt: skip
+        bounded = (("gateway-3", FORWARDER.name), ("gateway-5", "gateway-3"))
+        allow = {f"{v} / {b}": self.cores_allow(v, b, share) for v, b in bounded}
         return [
             {"target": name, "where": where, "goal": goal, "measured": value, "met": met(value),
-             "cores_allow": self.cores_allow(*bounded[name], share) if name in bounded else None}
+             "cores_allow": allow.get(name)}
             for name, where, goal, value, met in rows
             if value is not None
         ]  # fmt: skip
@@ -320,8 +320,8 @@ def chart(results: Results, path: Path) -> None:
     plt.close(fig)
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
+def _fmt(value: float | None, digits: int = 2, missing: str = "n/a") -> str:
+    return missing if value is None else f"{value:,.{digits}f}"
 
 
 def _met(met: bool | None, yes: str, no: str) -> str:
@@ -354,7 +354,7 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
                     t["goal"],
                     _fmt(t["measured"]),
                     _met(t["met"], "yes", "**no**"),
-                    _fmt(t["cores_allow"]) if t["cores_allow"] is not None else "",
+                    _fmt(t["cores_allow"], missing=""),
                 ]
                 for t in results.targets()
             ),
@@ -493,5 +493,5 @@ def console_table(results: Results) -> Table:
     for t in results.targets():
         table.add_row(t["target"], t["where"], t["goal"], _fmt(t["measured"]),
                       _met(t["met"], "[green]yes[/]", "[red]no[/]"),
-                      _fmt(t["cores_allow"]) if t["cores_allow"] is not None else "")  # fmt: skip
+                      _fmt(t["cores_allow"], missing=""))  # fmt: skip
     return table
