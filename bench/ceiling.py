@@ -6,7 +6,7 @@ the clean topic: `getmany`, then per partition `create_batch`/`append`/
 `send_batch`, wait for the acknowledgements, commit. No id, no vote, no new
 header, no pipelining: the most any aiokafka-based gateway can do with the same
 broker and machine (ENVIRONMENT.md, "The client ceiling"). It is built from
-the gateway's own client options (`gateway.kafka`) and counts into the same
+the gateway's own client options (`gateway.kafka.clients`) and counts into the same
 `Metrics`, so the benchmark measures it exactly like a gateway.
 
 `client-ceiling-headers` (opt-in: `--variants client-ceiling-headers ...`) is
@@ -26,7 +26,7 @@ from typing import Any
 from aiokafka import ConsumerRecord, TopicPartition
 
 from gateway.config import Settings
-from gateway.kafka import build_consumer, build_producer
+from gateway.kafka.clients import build_consumer, build_producer
 from gateway.metrics import Metrics
 
 FETCH_TIMEOUT_MS = 100

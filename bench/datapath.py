@@ -29,10 +29,10 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 
 from gateway.cli import configure_gc
 from gateway.config import Settings
+from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline
-from gateway.sink import Sink
-from gateway.vote import MINE, Reply
+from gateway.raw.pipeline import Pipeline
+from gateway.rules.vote import MINE, Reply
 
 PARTITIONS = 4
 Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]

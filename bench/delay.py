@@ -36,11 +36,11 @@ from devtools.harness import running, until
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import create_topics
 from devtools.traffic import order_value
-from gateway.app import Gateway
-from gateway.coalesce import now_ms
 from gateway.config import Settings, load_settings
-from gateway.delay import tier_topics
+from gateway.delay.coalescer import now_ms
+from gateway.delay.loop import tier_topics
 from gateway.logs import configure
+from gateway.service.app import Gateway
 
 PARTITIONS = 4
 DUPLICATES = 0.2

@@ -3,7 +3,7 @@
     python -m bench.field_expiry [--ids 200000] [--buckets N] [--rounds 3]
 
 Redis 7.0 has no per-field TTL, so the product groups marks by time slice and
-expires whole buckets (gateway/keys.py): a new id costs an HSETNX in the
+expires whole buckets (gateway/quorum/keys.py): a new id costs an HSETNX in the
 current slice, an HGET in each older live slice (up to 2) and a PTTL once per
 bucket per call. Valkey 9 (HSETEX, HPEXPIRE) and Redis 7.4+ expire single
 fields, which allows one set of buckets without slices: no older slice to
@@ -35,12 +35,12 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from devtools.localstack import ManagedProcess, free_port, redis_server, valkey_server_binary
-from gateway import scripts
 from gateway.config import load_settings
-from gateway.keys import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
-from gateway.vote import MINE
+from gateway.quorum import scripts
+from gateway.quorum.keys import mark_digest, owner_token
+from gateway.quorum.quorum import Quorum
+from gateway.rules.vote import MINE
 
 BATCH, WARM_UP, TTL_MS = 2000, 2000, 24 * 3600 * 1000
 OWNER, OTHER = owner_token("raw", 0, 1), owner_token("raw", 0, 2)

@@ -37,11 +37,11 @@ import uvloop
 from rich.console import Console
 
 from devtools.localstack import ManagedProcess, redis_server
-from gateway import scripts
 from gateway.config import Settings, load_settings
-from gateway.keys import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum import Instance, Quorum
+from gateway.quorum import scripts
+from gateway.quorum.keys import mark_digest, owner_token
+from gateway.quorum.quorum import Instance, Quorum
 
 console = Console()
 

@@ -16,7 +16,7 @@
   scheduler (lag reads, pause checks) and the `dedup-lane` header run on
   every batch while nothing is held: what lanes cost;
 - `gateway-3-cluster`: gateway-3 whose first member is a 3-master Redis
-  Cluster (gateway/members.py: one script call per key group with records,
+  Cluster (gateway/quorum/members.py: one script call per key group with records,
   `[redis] cluster_groups` of them) beside two standalone members: what a
   cluster member costs against a standalone one;
 - `gateway-3x1`, `gateway-3x2`: gateway-3 as a real `dedup-gateway run
@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from bench.ceiling import ClientCeiling
-from gateway.app import Gateway
 from gateway.config import Settings
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
-from gateway.vote import MINE, Reply
+from gateway.quorum.quorum import Quorum
+from gateway.rules.vote import MINE, Reply
+from gateway.service.app import Gateway
 
 # What a naive claim reports for a key someone else set: any foreign owner makes it a duplicate.
 TAKEN = "taken"

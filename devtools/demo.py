@@ -29,9 +29,9 @@ from devtools.harness import run_gateway_until
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import create_topics, read_topic, wait_committed
 from devtools.traffic import Traffic, produce_traffic
-from gateway.app import Gateway
 from gateway.config import Settings, load_settings
 from gateway.logs import configure
+from gateway.service.app import Gateway
 
 console = Console()
 

@@ -20,9 +20,9 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from devtools.topics import create_topics, read_topic
-from gateway.app import Gateway
 from gateway.config import Settings, load_settings
 from gateway.metrics import total
+from gateway.service.app import Gateway
 
 
 class Topics:

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from gateway.kafka import partitions_of
+from gateway.kafka.clients import partitions_of
 
 
 async def create_topics(bootstrap: str, partitions: Mapping[str, int]) -> None:

@@ -82,7 +82,7 @@ def configure_gc() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gateway import workers
+    from gateway.service import workers
 
     settings = _settings(args)
     count = args.workers or settings.kafka.workers
@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         uvloop.run(supervise())
         return 1 if supervisor.failed else 0
 
-    from gateway.app import Gateway
+    from gateway.service.app import Gateway
 
     if supervisor_pid := os.environ.get(workers.SUPERVISOR_ENV):
         workers.follow_supervisor(int(supervisor_pid))
@@ -158,7 +158,7 @@ def _confirm_unconditional_release(args: argparse.Namespace, message_id: bytes) 
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from gateway import operator_commands as commands
+    from gateway.ops import commands
 
     settings = _settings(args)
     if args.command == "inspect":
@@ -186,7 +186,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from gateway.rebuild import rebuild
+    from gateway.ops.rebuild import rebuild
 
     settings = _settings(args)
     return uvloop.run(

@@ -35,9 +35,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from gateway import scripts
 from gateway.errors import ConfigError
-from gateway.members import MemberUrl, check_member_url, masked, member_name
+from gateway.quorum import scripts
+from gateway.quorum.members import MemberUrl, check_member_url, masked, member_name
 
 ENV_PREFIX = "GATEWAY_"
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file, when --config is not given
@@ -112,7 +112,7 @@ class KafkaSettings(_Section):
 
 class RedisSettings(_Section):
     # Quorum members: redis[s]://host:port/db, or a Redis Cluster as
-    # redis[s]+cluster://host:port[,host:port...] (gateway/members.py).
+    # redis[s]+cluster://host:port[,host:port...] (gateway/quorum/members.py).
     nodes: list[MemberUrl] = Field(
         default_factory=lambda: [MultiHostUrl("redis://127.0.0.1:6379/0")]
     )
@@ -120,7 +120,7 @@ class RedisSettings(_Section):
     ttl: Duration = timedelta(hours=24)
     # No braces: a cluster member's keys put their hash tag after it.
     key_prefix: str = Field(default="dd:", max_length=32, pattern=r"^[^{}]*$")
-    # Hash buckets per time slice that marks are spread over (gateway/keys.py):
+    # Hash buckets per time slice that marks are spread over (gateway/quorum/keys.py):
     # aim for a few hundred marks per bucket at most, i.e. about
     # distinct ids per ttl / 2 / 300. Each live bucket costs about one Redis key.
     buckets: int = Field(default=16_384, ge=1, le=2**24)
@@ -132,7 +132,7 @@ class RedisSettings(_Section):
     # Most marks waiting per instance to be completed there (it missed the
     # vote); beyond it the oldest are dropped (counted).
     repair_backlog: int = Field(default=100_000, ge=0, le=10_000_000)
-    # Hash-tag groups a Redis Cluster member's keys are split into (gateway/members.py):
+    # Hash-tag groups a Redis Cluster member's keys are split into (gateway/quorum/members.py):
     # a batch costs one call per group that has records, and the groups spread over
     # the cluster's masters. Changing it makes every cluster member look empty
     # (recovering), as a member that lost its data.
@@ -207,7 +207,7 @@ def id_spec(spec: str) -> str:
 
 
 class CoalesceSettings(_Section):
-    """Coalescing windows (gateway/coalesce.py, README "Coalescing windows")."""
+    """Coalescing windows (gateway/delay/coalescer.py, README "Coalescing windows")."""
 
     enabled: bool = False
     # What names the entity whose versions merge: the `[dedup] id` syntax.
@@ -240,7 +240,7 @@ class FailureSettings(_Section):
 
 
 class DelaySettings(_Section):
-    """Scheduled delivery (gateway/delay.py, README "Scheduled delivery")."""
+    """Scheduled delivery (gateway/delay/loop.py, README "Scheduled delivery")."""
 
     enabled: bool = False
     # The fixed delay of each tier topic `<clean_topic>.delay.<tier>`, smallest first;
@@ -278,7 +278,7 @@ class DelaySettings(_Section):
 
 
 class LaneSettings(_Section):
-    """One priority lane (`[[lanes]]`, gateway/lanes.py): raw topics that share a priority."""
+    """One priority lane (`[[lanes]]`, gateway/raw/lanes.py): raw topics that share a priority."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     raw_topics: list[str] = Field(min_length=1)

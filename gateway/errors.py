@@ -5,10 +5,10 @@
 - `InvalidCommand`: a failure-topic command that cannot be acted on; skipped.
 
 A record too large for the broker is bad input too (`too_large`): judged
-before the vote (gateway/ids.py), and by the sink for anything it is handed.
+before the vote (gateway/rules/ids.py), and by the sink for anything it is handed.
 
 Outages of a Redis instance are not errors here: the quorum turns them into
-"no answer" and the vote decides (gateway/quorum.py).
+"no answer" and the vote decides (gateway/quorum/quorum.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 BAD_RECORD_REASONS = (
     "missing_header", "empty_id", "oversize_id", "missing_key", "not_json", "missing_field",
     "bad_id", "bad_header", "too_large",
-    # scheduled delivery (gateway/delay.py)
+    # scheduled delivery (gateway/delay/loop.py)
     "bad_deliver_at", "bad_deliver_after", "conflicting_delay", "delay_too_long",
     "bad_tier_record",
-    # coalescing windows (gateway/coalesce.py)
+    # coalescing windows (gateway/delay/coalescer.py)
     "no_coalesce_key",
 )  # fmt: skip
 INVALID_COMMAND_REASONS = (

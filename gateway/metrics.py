@@ -10,7 +10,7 @@ Labelled counters start at zero for every label value known at start
 (`preinit`): an alert on `increase(...)` then sees the first event, which it
 would miss if the series appeared with it.
 
-Under `run --workers N` (gateway/workers.py) every worker writes its metrics
+Under `run --workers N` (gateway/service/workers.py) every worker writes its metrics
 to files and the supervisor serves the sum: counters and histograms add up
 (a restarted worker's predecessor keeps counting), and each gauge names how
 the live workers' values combine (`multiprocess_mode`; ignored in one process).
@@ -40,10 +40,12 @@ from gateway.errors import (
     REDIS_ERROR_KINDS,
     RELEASE_RESULTS,
 )
-from gateway.members import member_name
+from gateway.quorum.members import member_name
 
 PREFIX = "dedup_gateway"
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set in `run --workers N` workers (gateway/workers.py)
+MULTIPROC_ENV = (
+    "PROMETHEUS_MULTIPROC_DIR"  # set in `run --workers N` workers (gateway/service/workers.py)
+)
 
 # The forward latency histogram observes every 16th forwarded record: a uniform
 # sample (each record equally likely, whatever the batch sizes) at a 16th of
@@ -189,7 +191,7 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",  # one worker owns a partition at a time
         )
-        # Coalescing windows (gateway/coalesce.py).
+        # Coalescing windows (gateway/delay/coalescer.py).
         self.coalesce_updates = Counter(
             f"{PREFIX}_coalesce_updates",
             "Decided-new records written into their window's state",
@@ -216,7 +218,7 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
             registry=r,
         )
-        # Priority lanes (gateway/lanes.py).
+        # Priority lanes (gateway/raw/lanes.py).
         self.lane_lag = Gauge(
             f"{PREFIX}_lane_lag_records",
             "Records not yet read on a lane's raw topics, all partitions, group-wide",
@@ -281,7 +283,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        # Scheduled delivery (gateway/delay.py).
+        # Scheduled delivery (gateway/delay/loop.py).
         self.delayed = Counter(
             f"{PREFIX}_records_delayed",
             "Records written to a delay tier (from the raw path or a larger tier), by tier",

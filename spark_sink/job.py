@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from gateway.kafka import java_client_options, librdkafka_options
+from gateway.kafka.clients import java_client_options, librdkafka_options
 from spark_sink import kafka_source
 from spark_sink.config import SinkSettings
 from spark_sink.handlers import Handler, resolve_handler

@@ -12,13 +12,13 @@ from datetime import timedelta
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from gateway.records import H_ATTEMPT as HEADER_ATTEMPT
-from gateway.records import H_ID as HEADER_ID
-from gateway.records import H_REASONS as HEADER_REASONS
-from gateway.records import H_SOURCE as HEADER_SOURCE
-from gateway.records import H_TOKEN as HEADER_TOKEN
+from gateway.contract.records import H_ATTEMPT as HEADER_ATTEMPT
+from gateway.contract.records import H_ID as HEADER_ID
+from gateway.contract.records import H_REASONS as HEADER_REASONS
+from gateway.contract.records import H_SOURCE as HEADER_SOURCE
+from gateway.contract.records import H_TOKEN as HEADER_TOKEN
 
-# The headers the gateway adds to every clean record are gateway.records' (values
+# The headers the gateway adds to every clean record are gateway.contract.records' (values
 # are ASCII, except dedup-id, which holds the id's exact bytes: a binary Kafka key,
 # or any bytes of a header).
 

@@ -50,10 +50,10 @@ from devtools.localstack import (
 )
 from devtools.topics import create_topics, read_topic
 from gateway.config import load_settings
+from gateway.contract.records import H_ERROR, H_SOURCE
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
-from gateway.rebuild import rebuild
-from gateway.records import H_ERROR, H_SOURCE
+from gateway.ops.rebuild import rebuild
+from gateway.quorum.quorum import Quorum
 
 PROGRESS_DEADLINE_S = 60.0  # before each fault, the group must commit something new
 # No progress for this long: the operator looks (the quorum-lost alert) and follows

@@ -6,7 +6,7 @@ topic as the Spark job does (every partition, exact replay), drops a delivery
 whose `dedup-token` it already processed (the same source record and attempt:
 a crash-window duplicate), "processes" the rest (the seed says which ids fail
 once or always) and sends the failure command the job sends for each failure
-(gateway/commands.py), with seeded chaos on top: some commands twice, some held
+(gateway/contract/commands.py), with seeded chaos on top: some commands twice, some held
 back behind later ones, some earlier commands again once they are stale, and
 garbage on demand. It also reads the dead-letter topic.
 """
@@ -30,7 +30,7 @@ from devtools.chaos.schedule import RunConfig
 from devtools.chaos.timeline import Clock
 from devtools.chaos.traffic import MAX_REQUEST_BYTES, digest_of
 from devtools.harness import Topics
-from gateway.records import H_ATTEMPT, H_ID, H_REASONS, H_SOURCE, H_TOKEN, parse_source_ref
+from gateway.contract.records import H_ATTEMPT, H_ID, H_REASONS, H_SOURCE, H_TOKEN, parse_source_ref
 
 Outcome = Literal["ok", "failed", "repeat"]
 Fate = Literal["ok", "once", "always"]
@@ -80,7 +80,7 @@ def source_of(ref: bytes) -> tuple[str, int, int]:
 
 
 def command_value(headers: dict[str, bytes], reason: str) -> bytes:
-    """The failure command the Spark job sends for a clean record (gateway/commands.py):
+    """The failure command the Spark job sends for a clean record (gateway/contract/commands.py):
     `id_b64` carries the exact id bytes, so ids that are not UTF-8 survive."""
     topic, partition, offset = source_of(headers[H_SOURCE])
     body = {

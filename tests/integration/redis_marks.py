@@ -1,5 +1,5 @@
 """Read marks and epochs straight from one redis-server, with the product's own
-scripts (gateway/scripts.py), for tests that check what an instance holds."""
+scripts (gateway/quorum/scripts.py), for tests that check what an instance holds."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import redis.asyncio as aioredis
 
 from devtools.localstack import ManagedProcess
 from gateway.config import load_settings
-from gateway.keys import Epoch
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
+from gateway.quorum.keys import Epoch
+from gateway.quorum.quorum import Quorum
 
 
 @asynccontextmanager

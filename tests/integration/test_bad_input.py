@@ -28,10 +28,10 @@ from devtools.harness import (
     write_toml,
 )  # fmt: skip
 from devtools.topics import read_topic, wait_committed
-from gateway.kafka import build_producer
+from gateway.contract.records import OutRecord, record_size
+from gateway.kafka.clients import build_producer
+from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.records import OutRecord, record_size
-from gateway.sink import Sink
 from tests.conftest import redis_urls
 
 GOOD = (b"k", b'{"order": {"id": "o-1"}}', [("message-id", b"m-1")])

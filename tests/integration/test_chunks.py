@@ -1,6 +1,6 @@
 """Claims travel in chunks: a batch of any allowed size is claimed in calls that
 each hold an instance briefly, within `[redis] timeout`, and a chunk that fails
-costs only its own digests (gateway/quorum.py "Chunks", gateway/scripts.py)."""
+costs only its own digests (gateway/quorum/quorum.py "Chunks", gateway/quorum/scripts.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from devtools.harness import counter_value
-from gateway import scripts
 from gateway.config import ConfigError, KafkaSettings, load_settings
-from gateway.keys import mark_digest
-from gateway.vote import MINE
+from gateway.quorum import scripts
+from gateway.quorum.keys import mark_digest
+from gateway.rules.vote import MINE
 from tests.integration.redis_marks import alone
 
 LARGEST = KafkaSettings.model_fields["max_batch_records"].metadata[1].le  # 100,000

@@ -1,4 +1,4 @@
-"""A quorum member that is a Redis Cluster (gateway/members.py), beside two
+"""A quorum member that is a Redis Cluster (gateway/quorum/members.py), beside two
 standalone members: exact dedup, the failure loop, a node restarting empty,
 resharding while paused, memory per mark, on Redis 7.0 and Valkey 9 clusters."""
 
@@ -26,13 +26,13 @@ from devtools.localstack import ManagedProcess, RedisClusterProcesses
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import Settings, load_settings
-from gateway.keys import mark_digest, owner_token
-from gateway.members import group_of
 from gateway.metrics import Metrics, total
-from gateway.operator_commands import set_paused
-from gateway.quorum import Handover, Quorum
-from gateway.rebuild import rebuild
-from gateway.vote import MINE
+from gateway.ops.commands import set_paused
+from gateway.ops.rebuild import rebuild
+from gateway.quorum.keys import mark_digest, owner_token
+from gateway.quorum.members import group_of
+from gateway.quorum.quorum import Handover, Quorum
+from gateway.rules.vote import MINE
 from tests.conftest import redis_urls
 
 SERVERS = ["redis-server", "valkey-server"]

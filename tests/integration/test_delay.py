@@ -33,10 +33,10 @@ from devtools.harness import (
     write_toml,
 )
 from devtools.topics import create_topics, read_topic, wait_committed
-from gateway.coalesce import now_ms
 from gateway.config import Settings
-from gateway.delay import tier_topics
-from gateway.kafka import partitions_of
+from gateway.delay.coalescer import now_ms
+from gateway.delay.loop import tier_topics
+from gateway.kafka.clients import partitions_of
 from tests.conftest import redis_urls
 
 TIERS = ["1s", "4s", "16s"]

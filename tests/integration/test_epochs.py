@@ -1,6 +1,6 @@
 """An instance that lost its marks never tips a vote: epochs, recovering, rebuild,
 and the background ping that notices instances while no batch flows
-(gateway/keys.py "Epochs", gateway/quorum.py, gateway/rebuild.py)."""
+(gateway/quorum/keys.py "Epochs", gateway/quorum/quorum.py, gateway/ops/rebuild.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import redis.asyncio as aioredis
 
 from devtools.harness import Topics, eventually, make_settings, running
 from devtools.localstack import ManagedProcess
-from gateway import scripts
 from gateway.config import Settings, load_settings
-from gateway.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, mark_digest
 from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline
-from gateway.quorum import Handover, Quorum
-from gateway.rebuild import rebuild
-from gateway.vote import MINE, Outcome
+from gateway.ops.rebuild import rebuild
+from gateway.quorum import scripts
+from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, mark_digest
+from gateway.quorum.quorum import Handover, Quorum
+from gateway.raw.pipeline import Pipeline
+from gateway.rules.vote import MINE, Outcome
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, epoch_on, owners_on
 

@@ -19,7 +19,7 @@ from devtools.harness import (
 )  # fmt: skip
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
-from gateway.source import RawSource
+from gateway.raw.source import RawSource
 from tests.conftest import redis_urls
 
 

@@ -33,5 +33,11 @@ async def test_a_gateway_without_partitions_is_ready_when_the_group_outnumbers_t
         assert not idle.partitions()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             for gateway in (one, two):
-                assert await _status(session, gateway.health.port, "/readyz") == (200, "ready\n")
-                assert await _status(session, gateway.health.port, "/healthz") == (200, "ok\n")
+                assert await _status(session, gateway.health.port, "/readyz") == (
+                    200,
+                    "ready\n",
+                )
+                assert await _status(session, gateway.health.port, "/healthz") == (
+                    200,
+                    "ok\n",
+                )

@@ -1,5 +1,5 @@
 """The mark scripts against a real redis-server: claim, expiry by time slice,
-compare-and-delete, memory per mark, settings changes (gateway/scripts.py).
+compare-and-delete, memory per mark, settings changes (gateway/quorum/scripts.py).
 Epochs, fills and rebuilds: test_epochs.py, test_repair_queue.py."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.config import load_settings
-from gateway.keys import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum import Handover, MarkView, Quorum
-from gateway.vote import MINE
+from gateway.quorum.keys import mark_digest, owner_token
+from gateway.quorum.quorum import Handover, MarkView, Quorum
+from gateway.rules.vote import MINE
 from tests.conftest import redis_urls
 
 QuorumFactory = Callable[..., Quorum]

@@ -21,9 +21,9 @@ from devtools.harness import (
 )
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.cli import main
-from gateway.keys import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
+from gateway.quorum.keys import mark_digest
+from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 
 COPY = (b"k", b"{}", [("message-id", b"m-1")])
@@ -147,7 +147,7 @@ async def test_an_unconditional_release_needs_yes_without_a_terminal(
         assert "absent" not in (await cli(config, "inspect", "m-1")).stdout
         done = await cli(config, "release", "m-1", "--yes")
         assert done.returncode == 0 and "released on 3 of 3" in done.stdout
-        # A release leaves a tombstone naming the token it released (gateway/keys.py).
+        # A release leaves a tombstone naming the token it released (gateway/quorum/keys.py).
         assert (await cli(config, "inspect", "m-1")).stdout.count("released (was") == 3
         await produce(broker, topics.raw, [COPY])  # the next copy is new again
         assert len(await read_topic(broker, topics.clean, min_records=2)) == 2

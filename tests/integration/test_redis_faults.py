@@ -16,9 +16,9 @@ from devtools.harness import (
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import Settings
-from gateway.keys import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
+from gateway.quorum.keys import mark_digest
+from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import owners_on
 

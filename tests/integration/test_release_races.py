@@ -16,11 +16,11 @@ import pytest
 
 from devtools.localstack import ManagedProcess
 from gateway.config import load_settings
-from gateway.keys import mark_digest
 from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline
-from gateway.quorum import Quorum
-from gateway.vote import Outcome
+from gateway.quorum.keys import mark_digest
+from gateway.quorum.quorum import Quorum
+from gateway.raw.pipeline import Pipeline
+from gateway.rules.vote import Outcome
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, owners_on
 from tests.integration.test_epochs import restart_empty, vote

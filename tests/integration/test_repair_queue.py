@@ -1,5 +1,5 @@
 """Marks written on a bare majority do not stay that way: an instance that gave
-no answer gets the winner's mark later (gateway/quorum.py "Fill backlog",
+no answer gets the winner's mark later (gateway/quorum/quorum.py "Fill backlog",
 scripts.FILL), from a bounded queue."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from devtools.harness import Topics, clean_ids, counter_value, eventually, make_
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import load_settings
-from gateway.keys import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
+from gateway.quorum.keys import mark_digest
+from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, owners_on
 

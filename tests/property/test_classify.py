@@ -9,11 +9,11 @@ from aiokafka import ConsumerRecord, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.contract.records import H_UNCERTAIN
 from gateway.errors import BadRecord
-from gateway.keys import owner_tokens
-from gateway.pipeline import Decided, PartitionBatch, Policy, classify
-from gateway.records import H_UNCERTAIN
-from gateway.vote import Outcome
+from gateway.quorum.keys import owner_tokens
+from gateway.raw.pipeline import Decided, PartitionBatch, Policy, classify
+from gateway.rules.vote import Outcome
 
 BAD = "bad"
 kinds = st.sampled_from([Outcome.FORWARD, Outcome.DUPLICATE, Outcome.UNDECIDED, BAD])

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import BAD_RECORD_REASONS, BadRecord
-from gateway.ids import build_extractor
+from gateway.rules.ids import build_extractor
 
 SPECS = ["header:message-id", "key", "json:a", "json:a.b", "hash"]
 

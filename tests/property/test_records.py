@@ -9,16 +9,16 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import BadRecord
-from gateway.ids import build_extractor
-from gateway.keys import owner_token
-from gateway.records import (
+from gateway.contract.records import (
     CLEAN_HEADERS_BOUND,
     H_UNCERTAIN,
     clean_headers,
     clean_record,
     record_size,
 )
+from gateway.errors import BadRecord
+from gateway.quorum.keys import owner_token
+from gateway.rules.ids import build_extractor
 
 TOPIC = st.text(string.ascii_letters + string.digits + "._-", min_size=1, max_size=249)
 HEADERS = st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=400)), max_size=4)

@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devtools.harness import Topics, make_settings
-from gateway.keys import mark_digest
 from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline
-from gateway.vote import MINE, Decision, Outcome, decide
+from gateway.quorum.keys import mark_digest
+from gateway.raw.pipeline import Pipeline
+from gateway.rules.vote import MINE, Decision, Outcome, decide
 
 N = st.sampled_from([1, 3, 5, 7])
 TOKENS = st.sampled_from(["11", "22", "333", "4"])

@@ -139,9 +139,9 @@ def test_rebuild_passes_its_arguments_to_gateway_rebuild(config, monkeypatch):
         calls.append((settings.kafka.raw_topics, member, source, dry_run, output))
         return 3
 
-    module = types.ModuleType("gateway.rebuild")
+    module = types.ModuleType("gateway.ops.rebuild")
     module.rebuild = rebuild  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gateway.rebuild", module)
+    monkeypatch.setitem(sys.modules, "gateway.ops.rebuild", module)
     argv = ["rebuild", "127.0.0.1:6381/0", "--from", "127.0.0.1:6380/0", "--dry-run",
             "--output", "json", "--config", str(config)]  # fmt: skip
     assert main(argv) == 3

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.coalesce import (
+from gateway.config import ConfigError, load_settings
+from gateway.delay.coalescer import (
     ASK_AGAIN_MS,
     Verdict,
     WindowShape,
@@ -17,7 +18,6 @@ from gateway.coalesce import (
     source_of,
     version,
 )
-from gateway.config import ConfigError, load_settings
 
 FIXED = WindowShape("fixed", 3000, 30_000)
 TRAILING = WindowShape("trailing", 3000, 10_000)

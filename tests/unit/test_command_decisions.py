@@ -1,13 +1,13 @@
 """What the failure loop asks the members (the handover's tokens) and how it reads
-their HANDOVER and RELEASE replies (gateway/failures.py)."""
+their HANDOVER and RELEASE replies (gateway/failures/loop.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.commands import Command
-from gateway.failures import handover_decision, handover_of, release_decision
-from gateway.keys import dead_token, mark_digest, owner_token
+from gateway.contract.commands import Command
+from gateway.failures.loop import handover_decision, handover_of, release_decision
+from gateway.quorum.keys import dead_token, mark_digest, owner_token
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from aiokafka import ConsumerRecord
 
-from gateway.commands import MAX_COMMAND_BYTES, MAX_REASON_CHARS, Command, parse_command
+from gateway.contract.commands import MAX_COMMAND_BYTES, MAX_REASON_CHARS, Command, parse_command
+from gateway.contract.records import KEEP_REASONS
 from gateway.errors import InvalidCommand
-from gateway.records import KEEP_REASONS
 
 GOOD: dict[str, Any] = {
     "id": "m-1",

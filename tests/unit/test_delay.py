@@ -10,9 +10,10 @@ from datetime import timedelta
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
-from gateway.coalesce import now_ms
 from gateway.config import ConfigError, load_settings
-from gateway.delay import (
+from gateway.contract.records import H_DELIVER_AT, H_TIER_AT, OutRecord
+from gateway.delay.coalescer import now_ms
+from gateway.delay.loop import (
     DelayLoop,
     Router,
     _Partition,
@@ -24,7 +25,6 @@ from gateway.delay import (
 )
 from gateway.errors import BadRecord
 from gateway.metrics import Metrics
-from gateway.records import H_DELIVER_AT, H_TIER_AT, OutRecord
 
 TS = 1_700_000_000_000  # a raw record's timestamp
 DAY_MS = 86_400_000
@@ -274,7 +274,7 @@ def delay_loop(tp: TopicPartition) -> tuple[DelayLoop, _Consumer]:
 def test_a_full_memory_pauses_the_partition_at_the_first_record_not_held(monkeypatch):
     tp = TopicPartition("c.delay.1s", 0)
     loop, consumer = delay_loop(tp)
-    monkeypatch.setattr("gateway.delay.MAX_HELD", 3)
+    monkeypatch.setattr("gateway.delay.loop.MAX_HELD", 3)
     records = [tier_record(tp, offset, 500) for offset in range(10, 15)]
     now = now_ms()
     loop._take(tp, records, now)

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from gateway.contract.records import parse_source_ref, source_ref
 from gateway.errors import BadRecord
-from gateway.ids import build_extractor
-from gateway.keys import DIGEST_BYTES, mark_digest, owner_token
-from gateway.records import parse_source_ref, source_ref
+from gateway.quorum.keys import DIGEST_BYTES, mark_digest, owner_token
+from gateway.rules.ids import build_extractor
 
 
 @dataclass

@@ -10,14 +10,14 @@ import pytest
 
 import gateway
 from gateway.config import load_settings
-from gateway.kafka import build_consumer
+from gateway.kafka.clients import build_consumer
 
 PACKAGE = Path(gateway.__file__).parent
 
 
 async def test_every_consumer_shape_the_gateway_builds_reads_committed_data_only():
     kafka = load_settings().kafka
-    consumers = [  # the calls gateway/app.py and gateway/operator_commands.py make
+    consumers = [  # the calls gateway/service/app.py and gateway/ops/commands.py make
         build_consumer(kafka, "g", max_partition_fetch_bytes=4 * 1024 * 1024,
                        fetch_max_wait_ms=100, session_timeout_ms=10_000),
         build_consumer(kafka, "g.failures"),
@@ -37,8 +37,8 @@ async def test_every_consumer_shape_the_gateway_builds_reads_committed_data_only
 def test_the_gateway_builds_consumers_only_through_build_consumer():
     """A consumer built elsewhere would not get read_committed from build_consumer."""
     built_at = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "AIOKafkaConsumer":
-                built_at.append(path.name)
-    assert built_at == ["kafka.py"]
+                built_at.append(path.relative_to(PACKAGE).as_posix())
+    assert built_at == ["kafka/clients.py"]

@@ -8,7 +8,7 @@ import ssl
 from aiokafka import AIOKafkaConsumer
 
 from gateway.config import load_settings
-from gateway.kafka import (
+from gateway.kafka.clients import (
     aiokafka_options,
     build_producer,
     java_client_options,

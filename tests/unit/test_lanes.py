@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import ConfigError, LaneSettings, load_settings
-from gateway.lanes import lane_headers, plan
-from gateway.pipeline import PartitionBatch, classify
-from gateway.records import H_LANE
-from gateway.vote import Outcome
+from gateway.contract.records import H_LANE
+from gateway.raw.lanes import lane_headers, plan
+from gateway.raw.pipeline import PartitionBatch, classify
+from gateway.rules.vote import Outcome
 
 
 def lane(name: str, priority: int, threshold: int = 10, starve: str = "30s") -> LaneSettings:

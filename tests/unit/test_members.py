@@ -1,4 +1,4 @@
-"""Member URLs and a cluster member's key groups (gateway/members.py)."""
+"""Member URLs and a cluster member's key groups (gateway/quorum/members.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import Counter
 
 from pydantic import TypeAdapter
 
-from gateway.keys import mark_digest
-from gateway.members import MemberUrl, group_of, groups_for, masked, member_name, split
+from gateway.quorum.keys import mark_digest
+from gateway.quorum.members import MemberUrl, group_of, groups_for, masked, member_name, split
 
 URL = TypeAdapter(MemberUrl)
 

@@ -42,7 +42,7 @@ def _callee(call: ast.Call) -> str:
 def codes_in_the_code() -> dict[str, set[str]]:
     """Every reason or kind literal the gateway passes where a metric label comes from."""
     found: dict[str, set[str]] = defaultdict(set)
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "metrics.py":  # preinit loops over the lists themselves
             continue
         for node in ast.walk(ast.parse(path.read_text())):

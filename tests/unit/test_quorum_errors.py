@@ -7,7 +7,7 @@ import pytest
 from devtools.harness import counter_value
 from gateway.config import load_settings
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
+from gateway.quorum.quorum import Quorum
 
 
 def quorum() -> Quorum:

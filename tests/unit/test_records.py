@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka import ConsumerRecord
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from gateway.records import (
+from gateway.contract.records import (
     H_DROPPED,
     H_ERROR,
     H_ID,

@@ -11,7 +11,7 @@ from aiokafka.record.memory_records import MemoryRecords
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.salvage import _batches
+from gateway.kafka.salvage import _batches
 
 TP = TopicPartition("raw", 3)
 GZIP = 1

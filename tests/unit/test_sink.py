@@ -9,10 +9,10 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 
 from bench.datapath import BuildingProducer
 from gateway.config import KafkaSettings
-from gateway.kafka import build_producer
+from gateway.contract.records import OutRow
+from gateway.kafka.clients import build_producer
+from gateway.kafka.sink import Sink, fill
 from gateway.metrics import Metrics
-from gateway.records import OutRow
-from gateway.sink import Sink, fill
 
 ROWS: list[OutRow] = [
     (b"k%d" % i, b"v" * (i * 37 % 300), 1_700_000_000_000 + i,

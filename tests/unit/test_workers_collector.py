@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.workers import WorkersCollector
+from gateway.service.workers import WorkersCollector
 
 
 def worker_files(folder: Path) -> None:

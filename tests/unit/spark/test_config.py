@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError
-from gateway.kafka import librdkafka_options
+from gateway.kafka.clients import librdkafka_options
 from gateway.logs import UtcJsonFormatter
 from spark_sink.config import DEFAULT_HANDLER, load_sink_settings
 

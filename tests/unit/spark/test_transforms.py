@@ -11,7 +11,7 @@ from aiokafka.structs import ConsumerRecord
 from pyspark.sql import DataFrame, SparkSession
 
 from devtools.handlers import failing_ids
-from gateway.commands import parse_command
+from gateway.contract.commands import parse_command
 from spark_sink.handlers import (
     HandlerError,
     check_result,

@@ -47,16 +47,25 @@ from dataclasses import dataclass, field, replace
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
 
-from gateway.commands import Command, parse_command
 from gateway.config import Settings
+from gateway.contract.commands import Command, parse_command
+from gateway.contract.records import (
+    H_ATTEMPT,
+    H_REASON,
+    H_REASONS,
+    Record,
+    clean_headers,
+    clean_record,
+    coordinates,
+    source_ref,
+)
 from gateway.errors import BadRecord, InvalidCommand, RawFetchError
-from gateway.ids import build_extractor
-from gateway.kafka import unless_stopped
-from gateway.keys import dead_token, mark_digest, owner_token
-from gateway.lanes import lane_headers
+from gateway.kafka.clients import unless_stopped
+from gateway.kafka.salvage import read_leniently
+from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.pausing import backoff_delay
-from gateway.quorum import (
+from gateway.quorum.keys import dead_token, mark_digest, owner_token
+from gateway.quorum.quorum import (
     EFFECT_DONE,
     HANDED_OVER_BY_ANOTHER_COPY,
     HELD_BY_LATER_ATTEMPT,
@@ -67,18 +76,9 @@ from gateway.quorum import (
     Handover,
     Quorum,
 )
-from gateway.records import (
-    H_ATTEMPT,
-    H_REASON,
-    H_REASONS,
-    Record,
-    clean_headers,
-    clean_record,
-    coordinates,
-    source_ref,
-)
-from gateway.salvage import read_leniently
-from gateway.sink import Sink
+from gateway.raw.blocking import backoff_delay
+from gateway.raw.lanes import lane_headers
+from gateway.rules.ids import build_extractor
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class RawFetcher:
             except OffsetOutOfRangeError:
                 return await self._out_of_range(tp, ref, offset, deadline)
             except UnicodeDecodeError:
-                # A header name that is not UTF-8 in the record's batch (gateway/salvage.py).
+                # A header name that is not UTF-8 in the record's batch (gateway/kafka/salvage.py).
                 return await self._read_leniently(tp, ref, offset)
             for rec in batch.get(tp, []):
                 if rec.offset == offset:

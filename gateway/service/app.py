@@ -2,7 +2,7 @@
 
 start: health endpoint, wait for a Redis majority, producer, the raw consumer
 (join the group), the failure loop's consumers. run: the raw fetch loop
-(gateway/source.py) and the failure loop (gateway/failures.py) side by side.
+(gateway/raw/source.py) and the failure loop (gateway/failures/loop.py) side by side.
 stop (the stop event, e.g. SIGTERM): stop fetching, finish and commit the
 batch in hand, leave the groups, flush and close; teardown runs in reverse.
 """
@@ -15,20 +15,20 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gateway.coalesce import Coalescer
 from gateway.config import Settings
-from gateway.delay import start_delay_loop
-from gateway.failures import FailureLoop, RawFetcher
-from gateway.health import HealthServer
-from gateway.kafka import build_consumer, build_producer, stop_all_within
-from gateway.lanes import LaneScheduler
-from gateway.members import member_name
+from gateway.delay.coalescer import Coalescer
+from gateway.delay.loop import start_delay_loop
+from gateway.failures.loop import FailureLoop, RawFetcher
+from gateway.kafka.clients import build_consumer, build_producer, stop_all_within
+from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.pausing import BlockedPartitions
-from gateway.pipeline import Pipeline
-from gateway.quorum import Quorum
-from gateway.sink import Sink
-from gateway.source import RawSource
+from gateway.quorum.members import member_name
+from gateway.quorum.quorum import Quorum
+from gateway.raw.blocking import BlockedPartitions
+from gateway.raw.lanes import LaneScheduler
+from gateway.raw.pipeline import Pipeline
+from gateway.raw.source import RawSource
+from gateway.service.health import HealthServer
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Lua scripts, one call per instance per chunk of a batch, loaded once and called by SHA.
 
-Marks live in hash buckets (see `gateway.keys` for the layout and why): a
+Marks live in hash buckets (see `gateway.quorum.keys` for the layout and why): a
 mark is the field `<digest>` of `<prefix>m:<slice>:<shard>`, its value the
 owner token. Every mark script starts with `PRELUDE`, which finds the slices
 in force and the bucket that holds a digest. Time is the instance's own clock
@@ -19,14 +19,14 @@ slice writes to its bucket (the expiry ledger); each older live slice adds one H
 Common arguments, ARGV[1..4]: key prefix, TTL in ms, slice length in ms,
 shards per slice; KEYS[1]: the slice meta, `<prefix>slice`. Every key a script
 touches starts with that prefix, which for a Redis Cluster member carries
-the hash tag of one key group (gateway/members.py): all of a call's keys
+the hash tag of one key group (gateway/quorum/members.py): all of a call's keys
 share one slot, and the declared key routes the call to it. Every script
 starts with a `#!lua` line, so a server with script flags (Redis 7+, Valkey)
 refuses a call that strays into another slot instead of running it
 half-way; the read-only ones are `no-writes`.
 """
 
-# Chunks (gateway/quorum.py). DIGEST_COST_US: a new id's Redis CPU with three
+# Chunks (gateway/quorum/quorum.py). DIGEST_COST_US: a new id's Redis CPU with three
 # slices to search, measured with bench/script_cost.py on a shared 2-core
 # machine (bench/RESULTS.md, "Claim script cost"; 6-8 us with one slice). A
 # chunk of CHUNK_DIGESTS is then at most ~6 ms of work: Redis serves other
@@ -42,7 +42,8 @@ TRIP_MS = DIGEST_COST_US * CHUNK_DIGESTS * CHUNKS_PER_TRIP // 1000
 TIMEOUT_MARGIN = 5
 MIN_TIMEOUT_MS = TRIP_MS * TIMEOUT_MARGIN
 
-# The scripts below, as gateway/quorum.py registers them (the constant is the name upper-cased).
+# The scripts below, as gateway/quorum/quorum.py registers them (the constant is the
+# name upper-cased).
 NAMES = ("claim", "fill", "repair", "release", "handover", "mark_done", "inspect", "delete",
          "export", "lookup", "import", "epoch_read", "epoch_create", "epoch_set", "epoch_copy",
          "epoch_spread", "pause", "coalesce_update", "coalesce_close")  # fmt: skip
@@ -120,7 +121,7 @@ local function bucket_of(slice, h)
 end
 
 -- A released mark holds '-' .. the token it was released from (a tombstone,
--- gateway/keys.py): nobody owns the id, but a replay of that same source
+-- gateway/quorum/keys.py): nobody owns the id, but a replay of that same source
 -- record must not take it back.
 local function released(held)
   return string.byte(held, 1) == 45  -- '-'
@@ -146,7 +147,7 @@ local function expire_at(bucket, at, now)
   if left < 0 or now + left < at - SLACK then redis.call('PEXPIREAT', bucket, fmt('%d', at)) end
 end
 
--- The current slice's expiry ledger (gateway/keys.py), read once per call: a
+-- The current slice's expiry ledger (gateway/quorum/keys.py), read once per call: a
 -- bucket's expiry is checked once per slice instead of once per call (with
 -- 16,384 buckets nearly every new id has a bucket of its own in a call, and
 -- its PTTL was about a tenth of a new id's Redis CPU, bench/RESULTS.md). Bit i set:
@@ -190,7 +191,7 @@ end
 -- an older slice holds the id). A released mark is claimed by any other
 -- owner, which is told so: '=' .. the released token (the vote then counts
 -- that token as released on the instances the release has not reached yet,
--- gateway/vote.py). To the owner it was released from it stays released
+-- gateway/rules/vote.py). To the owner it was released from it stays released
 -- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
 local function claim(slices, digest, owner, now, ledger)
   local h = hash_of(digest)
@@ -228,7 +229,7 @@ local function put(slices, digest, owner, now, ledger)
 end
 
 -- False when the instance still holds the data the caller knows (its epoch
--- starts with the id `expected`, gateway/keys.py) and is not paused; else the
+-- starts with the id `expected`, gateway/quorum/keys.py) and is not paused; else the
 -- reply that says so, 'epoch:<the epoch it holds>' or 'paused:', and the
 -- script must write nothing.
 local function epoch_differs(expected)
@@ -271,7 +272,7 @@ return out
 )
 
 # Complete the marks of an instance that gave no answer to a vote
-# (gateway/quorum.py): each digest ends up held by the vote's winner where it
+# (gateway/quorum/quorum.py): each digest ends up held by the vote's winner where it
 # is absent or released (not by the winner itself: a release that landed after
 # the vote stays), or where it holds the token the unanswered claim carried (that
 # claim may have run late, e.g. on an instance that hung, once it resumed);
@@ -377,7 +378,7 @@ return out
 # marks' digests, concatenated (equal lengths); ARGV[7..]: failed token, next
 # token, command ref, the earlier attempts' tokens and the later ones (each
 # token followed by a comma); per mark.
-# Reply per mark (named in gateway/quorum.py): 1 handed over now, 2 handed over
+# Reply per mark (named in gateway/quorum/quorum.py): 1 handed over now, 2 handed over
 # by this same command before but its effect not yet done (a replay: redo it),
 # 3 handed over by another copy of the command, 4 this command's effect is
 # done, 5 held by a later attempt, 0 held by another owner. Or 'epoch:<epoch held>'.
@@ -459,7 +460,7 @@ return 1
 """
 )
 
-# A rebuild's reading side (gateway/rebuild.py): the marks of this instance,
+# A rebuild's reading side (gateway/ops/rebuild.py): the marks of this instance,
 # bucket by bucket, newest slice first, from slice ARGV[5] ('start': the
 # current one) and shard ARGV[6]. ARGV[7] bounds a call's work (buckets
 # visited plus marks returned), so the call stays short. Reply: {1 when every
@@ -586,10 +587,10 @@ return out
 """
 )
 
-# The group's epoch (gateway/keys.py), its clock, whether it has ever held
+# The group's epoch (gateway/quorum/keys.py), its clock, whether it has ever held
 # marks (its slice meta exists), whether it is paused, and the epoch id last
 # copied to every group of the member (group 0 of a cluster member; see
-# gateway/quorum.py): {epoch or false, now in ms, 1 or 0, 1 or 0, id or false}.
+# gateway/quorum/quorum.py): {epoch or false, now in ms, 1 or 0, 1 or 0, id or false}.
 # KEYS[1]: `<prefix>epoch`; ARGV[1]: key prefix.
 EPOCH_READ = (
     READS
@@ -665,7 +666,7 @@ return 1
 """
 )
 
-# Coalescing windows (gateway/coalesce.py; key shapes in gateway/keys.py). A
+# Coalescing windows (gateway/delay/coalescer.py; key shapes in gateway/quorum/keys.py). A
 # window's state is the hash `<prefix>cs:<key digest>:<start>`: v, the newest
 # version seen (a digit string: comparing strings compares versions), n, the
 # updates taken, l, the newest update's timestamp; it lives `ttl`. In trailing

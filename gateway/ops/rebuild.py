@@ -1,6 +1,6 @@
 """`dedup-gateway rebuild MEMBER`: copy the live marks into an instance that lost them.
 
-An instance that restarted empty is *recovering* (gateway/keys.py, "Epochs"):
+An instance that restarted empty is *recovering* (gateway/quorum/keys.py, "Epochs"):
 its answers do not count until a whole mark lifetime (1.5 x ttl) has passed.
 A rebuild shortens that to the copy time, while the gateways keep running:
 
@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from gateway.config import Settings
-from gateway.keys import EPOCH_TRUSTED
 from gateway.metrics import Metrics
-from gateway.quorum import Imported, Instance, Quorum
-from gateway.vote import leader
+from gateway.quorum.keys import EPOCH_TRUSTED
+from gateway.quorum.quorum import Imported, Instance, Quorum
+from gateway.rules.vote import leader
 
 OK, FAILED, USAGE = 0, 1, 2  # exit codes
 # A mark as a source exports it: owner, remaining ms, handover note ('' for none), its ms.
@@ -131,7 +131,7 @@ async def _copy_from(
     report: Report,
 ) -> None:  # fmt: skip
     """Copy the marks sources[n] holds and no earlier source holds, group by group
-    (a cluster member's key groups, gateway/members.py)."""
+    (a cluster member's key groups, gateway/quorum/members.py)."""
     src, others = sources[n], [s for k, s in enumerate(sources) if k != n]
     for group in range(len(src.groups)):
         cursor: list[Any] = ["start", 0]

@@ -10,7 +10,7 @@ what the gateway uses when present, so ids that are not UTF-8 survive the
 round trip through Spark. Whatever the value holds, parsing returns a
 `Command` whose text fields can be encoded again (lone surrogates escaped),
 whose numbers fit Kafka's types and whose reasons are bounded, or raises
-`InvalidCommand` with a reason code. Shared by the gateway (`gateway.failures`)
+`InvalidCommand` with a reason code. Shared by the gateway (`gateway.failures.loop`)
 and the Spark job (`spark_sink.transforms` builds the same shape).
 """
 
@@ -21,8 +21,8 @@ import binascii
 import json
 from dataclasses import dataclass
 
+from gateway.contract.records import KEEP_REASONS, Record, source_ref
 from gateway.errors import InvalidCommand
-from gateway.records import KEEP_REASONS, Record, source_ref
 
 MAX_COMMAND_BYTES = 1_048_576  # larger values are not commands we sent
 MAX_REASON_CHARS = 1_000  # a reason rides on every later retry's headers: keep it short

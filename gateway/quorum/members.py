@@ -8,7 +8,7 @@ A cluster runs a script only when every key it touches lives in one hash
 slot, so a cluster member's keys are split into `[redis] cluster_groups`
 groups, each under its own hash tag: `<prefix>{<k>.<groups>}` (k = the
 digest's `group_of`). A group holds its own slice meta, buckets, handover
-keys, coalescing windows, epoch copy and pause flag (gateway/keys.py), and a
+keys, coalescing windows, epoch copy and pause flag (gateway/quorum/keys.py), and a
 batch is sent as one call per group. A standalone member is one group whose
 prefix is the plain key prefix: its layout is what it was before clusters.
 The group count is part of the tag, so a member whose count changed looks
@@ -118,7 +118,7 @@ def node_client_for(url: MultiHostUrl, host: str, port: int, timeout_s: float) -
     credentials and TLS: pipelines the calls of the key groups that node serves.
 
     No socket timeout: every round trip on it is bounded as a whole by `[redis]
-    timeout` (gateway/quorum.py, `_timed`), and redis-py's own bound on each
+    timeout` (gateway/quorum/quorum.py, `_timed`), and redis-py's own bound on each
     reply of a pipeline cost 14% of a cluster claim's CPU (a timer per reply)."""
     return aioredis.Redis(
         host=host,
@@ -152,7 +152,7 @@ class Group:
     """One hash-tag group of a member's keys (the whole member when standalone)."""
 
     prefix: bytes  # every key of the group starts with it
-    layout: tuple[Any, ...]  # the mark scripts' first arguments (gateway/scripts.py)
+    layout: tuple[Any, ...]  # the mark scripts' first arguments (gateway/quorum/scripts.py)
 
     @property
     def meta(self) -> bytes:

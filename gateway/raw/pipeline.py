@@ -3,7 +3,7 @@
 The ordering rule that makes the gateway crash-safe: marks are claimed with
 the source record's own owner token *before* forwarding, and offsets are
 committed only *after* the broker acknowledged everything the batch forwarded
-(gateway/checkpoint.py). A crash anywhere in between replays the batch; the
+(gateway/raw/checkpoint.py). A crash anywhere in between replays the batch; the
 replayed records find marks they own, so they are forwarded again (a bounded
 duplicate), never dropped.
 """
@@ -20,16 +20,8 @@ from typing import Any, Literal, cast
 
 from aiokafka import TopicPartition
 
-from gateway.coalesce import Coalescer
 from gateway.config import Settings
-from gateway.delay import Router
-from gateway.errors import BadRecord
-from gateway.ids import build_extractor
-from gateway.keys import mark_digest, owner_tokens
-from gateway.lanes import lane_headers
-from gateway.metrics import Metrics
-from gateway.quorum import Quorum
-from gateway.records import (
+from gateway.contract.records import (
     H_UNCERTAIN,
     Headers,
     OutRecord,
@@ -39,8 +31,16 @@ from gateway.records import (
     quarantine_record,
     source_ref,
 )
-from gateway.sink import Prepared, Sink
-from gateway.vote import MINE, TOOK_OVER, Outcome, decide, holder
+from gateway.delay.coalescer import Coalescer
+from gateway.delay.loop import Router
+from gateway.errors import BadRecord
+from gateway.kafka.sink import Prepared, Sink
+from gateway.metrics import Metrics
+from gateway.quorum.keys import mark_digest, owner_tokens
+from gateway.quorum.quorum import Quorum
+from gateway.raw.lanes import lane_headers
+from gateway.rules.ids import build_extractor
+from gateway.rules.vote import MINE, TOOK_OVER, Outcome, decide, holder
 
 logger = logging.getLogger(__name__)
 
@@ -151,18 +151,18 @@ class Pipeline:
             settings.dedup.id, settings.dedup.max_id_bytes, settings.kafka.max_request_bytes
         )
         self.policy: Policy = settings.dedup.on_no_quorum
-        # Priority lanes (gateway/lanes.py): per raw topic, its lane's header and clean topic.
+        # Priority lanes (gateway/raw/lanes.py): per raw topic, its lane's header and clean topic.
         self.lane_extra = lane_headers(settings)
         self.clean_to = {
             topic: settings.clean_topic_of(topic)
             for topic in settings.kafka.raw_topics
             if settings.clean_topic_of(topic) != settings.kafka.clean_topic
         }
-        # Scheduled delivery (gateway/delay.py): bad delay headers are bad input.
+        # Scheduled delivery (gateway/delay/loop.py): bad delay headers are bad input.
         self.delay = Router(settings, metrics) if settings.delay.enabled else None
         if self.delay is not None:
             self.extract = self.delay.checked(self.extract)
-        # Coalescing windows (gateway/coalesce.py): a record without a key is bad input.
+        # Coalescing windows (gateway/delay/coalescer.py): a record without a key is bad input.
         self.coalesce = Coalescer(settings, quorum, metrics) if settings.coalesce.enabled else None
         if self.coalesce is not None:
             self.extract = self.coalesce.checked(self.extract)
@@ -173,7 +173,7 @@ class Pipeline:
 
     def begin(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> Voting:
         """Extract ids and start claiming them; `end` waits for the vote. The claims
-        run while the caller does other work (gateway/source.py: the previous batch's
+        run while the caller does other work (gateway/raw/source.py: the previous batch's
         vote is finished meanwhile)."""
         parts: dict[TopicPartition, PartitionBatch] = {}
         claim_ids: list[bytes] = []
@@ -227,7 +227,7 @@ class Pipeline:
 
     async def _prepare(self, decided: Decided) -> None:
         """Build the clean copies' produce batches now, while their records are in the
-        CPU's cache, and let the copies go (gateway/sink.py, `Sink.prepare`); they are
+        CPU's cache, and let the copies go (gateway/kafka/sink.py, `Sink.prepare`); they are
         sent in `finish`, in fetch order as always."""
         targets = [(self.settings.kafka.clean_topic, decided.forward), *decided.forward_to.items()]
         for topic, rows in targets:
@@ -253,8 +253,8 @@ class Pipeline:
     async def finish(self, decided: Decided) -> dict[TopicPartition, int]:
         """Forward a decided batch, wait for the broker's acknowledgements; the offsets
         to commit."""
-        # Records not yet due go to a delay tier instead (gateway/delay.py); with
-        # coalescing, every one waits there for its window's close (gateway/coalesce.py).
+        # Records not yet due go to a delay tier instead (gateway/delay/loop.py); with
+        # coalescing, every one waits there for its window's close (gateway/delay/coalescer.py).
         if self.coalesce is not None and self.delay is not None:
             updated = await self.coalesce.update(decided.forward)
             forward, delayed = self.delay.route(
@@ -288,7 +288,7 @@ class Pipeline:
     async def vote(self, ids: Sequence[bytes], owners: Sequence[str]) -> list[Outcome]:
         """Claim every id's mark for its owner on every instance, decide on the trusted
         instances' answers, repair the marks that differ from the winner, queue the
-        winner's mark for the instances that gave no answer (gateway/quorum.py)."""
+        winner's mark for the instances that gave no answer (gateway/quorum/quorum.py)."""
         if not ids:
             return []
         if not self.settings.dedup.enabled:

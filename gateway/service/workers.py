@@ -45,9 +45,9 @@ from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from gateway.config import Settings
-from gateway.health import HealthServer
 from gateway.metrics import MULTIPROC_ENV, PREFIX, SupervisorMetrics
-from gateway.pausing import backoff_delay
+from gateway.raw.blocking import backoff_delay
+from gateway.service.health import HealthServer
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ is quarantined as `no_coalesce_key` before it claims its id) and belongs to a wi
 1. **Update** (raw path, before the raw offsets are committed): every instance
    keeps, per window, the newest version seen (timestamp, then source
    coordinates: `version`) and the number of updates (`scripts.COALESCE_UPDATE`).
-2. **Wait**: the record goes to a delay tier (gateway/delay.py), due when its
+2. **Wait**: the record goes to a delay tier (gateway/delay/loop.py), due when its
    window closes as far as it knows, with `dedup-window: <start>/<close>`.
 3. **Close** (the delay loop, when the record is due): the instances are read
    (`scripts.COALESCE_CLOSE`) and `at_close` decides: a counted instance holds a
@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from gateway.config import Settings
+from gateway.contract.records import H_COALESCED, H_SOURCE, H_WINDOW, Headers, OutRow, Record
 from gateway.errors import BadRecord
-from gateway.ids import IdExtractor, build_extractor
-from gateway.keys import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum import Quorum
-from gateway.records import H_COALESCED, H_SOURCE, H_WINDOW, Headers, OutRow, Record
+from gateway.quorum.keys import mark_digest
+from gateway.quorum.quorum import Quorum
+from gateway.rules.ids import IdExtractor, build_extractor
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import Any, Protocol
 
+from gateway.contract.records import CLEAN_HEADERS_BOUND, record_size
 from gateway.errors import BadRecord
-from gateway.records import CLEAN_HEADERS_BOUND, record_size
 
 
 class RawRecord(Protocol):

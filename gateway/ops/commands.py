@@ -22,12 +22,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from gateway.config import Settings
-from gateway.delay import find_waiting
-from gateway.failures import release_decision
-from gateway.kafka import build_consumer, build_producer, partitions_of
-from gateway.keys import TOMBSTONE, dead_token, is_released, mark_digest
+from gateway.contract.records import H_ID, H_SOURCE, PREFIX, Record, parse_source_ref, source_ref
+from gateway.delay.loop import find_waiting
+from gateway.failures.loop import release_decision
+from gateway.kafka.clients import build_consumer, build_producer, partitions_of
 from gateway.metrics import Metrics
-from gateway.quorum import (
+from gateway.quorum.keys import TOMBSTONE, dead_token, is_released, mark_digest
+from gateway.quorum.quorum import (
     HELD_BY_ANOTHER,
     NO_LIVE_MARK,
     RELEASED,
@@ -36,7 +37,6 @@ from gateway.quorum import (
     MarkView,
     Quorum,
 )
-from gateway.records import H_ID, H_SOURCE, PREFIX, Record, parse_source_ref, source_ref
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ async def release(
 ) -> int:
     """Release the id's mark: only where it holds `token` when given, else whoever holds it.
 
-    The mark becomes a tombstone (`-<token>`, gateway/keys.py): the next copy
+    The mark becomes a tombstone (`-<token>`, gateway/quorum/keys.py): the next copy
     is new, a replay of the released source record is not. Exit code 0 when the
     gateway would count it released (failures.release_decision: free on a majority,
     released on one at least; with `dry_run`: would be), 1 otherwise.
@@ -173,7 +173,7 @@ async def set_paused(
     output: Output = "text",
 ) -> int:  # fmt: skip
     """Pause `member` (every gateway stops counting it and sending it claims at its
-    next call, gateway/quorum.py) or resume it. A pause that would leave fewer than
+    next call, gateway/quorum/quorum.py) or resume it. A pause that would leave fewer than
     a majority of trusted members answering is refused unless `force`: every
     partition would block. Exit code 0 done, 1 refused or some key group did not
     answer (run it again), 2 no such member."""

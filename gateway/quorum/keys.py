@@ -20,12 +20,12 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
                                        holds the member: writing scripts refuse
 
 On a Redis Cluster member every key above lives once per key group, with
-`<prefix>{<k>.<groups>}` in place of `<prefix>` (gateway/members.py): a
+`<prefix>{<k>.<groups>}` in place of `<prefix>` (gateway/quorum/members.py): a
 group's keys share one hash slot. Group 0's epoch is the member's; every
 group holds a copy (so a claim checks its own group's), and
 `<prefix>{0.<groups>}epoch-spread` names the epoch id once every group had
 it: after that, a group without it lost its data, and the whole member is
-given a new, recovering epoch (gateway/quorum.py, `_spread`).
+given a new, recovering epoch (gateway/quorum/quorum.py, `_spread`).
 
 - The digest is BLAKE2b-96 of the message id, so an id of any length costs 12
   bytes (collision odds for 10^9 live ids: about 6e-12).
@@ -44,7 +44,7 @@ given a new, recovering epoch (gateway/quorum.py, `_spread`).
 - A released mark (`release`, the failure loop's release mode, `redrive`)
   is not deleted: it holds `-<token>` of the owner it was released from. Any
   other copy claims it as if it were absent (its claim answers `=<token>`, so
-  the vote knows that token is released, gateway/vote.py), but a replay of the released
+  the vote knows that token is released, gateway/rules/vote.py), but a replay of the released
   source record (same token: a gateway that re-reads its uncommitted batch
   after a crash or rebalance) is a duplicate of `-<token>`. Deleting it
   instead let that replay take the id back under the old token, which the

@@ -32,7 +32,7 @@ H_REASON = "dedup-reason"  # the last failure reason (dead letters)
 H_UNCERTAIN = "dedup-uncertain"  # "1": forwarded without a majority (on_no_quorum = forward)
 H_ERROR = "dedup-error"  # why a record was quarantined
 H_DROPPED = "dedup-dropped"  # parts left out of a quarantine copy to fit: "value,headers,key"
-# Scheduled delivery (gateway/delay.py): epoch milliseconds, ASCII decimal.
+# Scheduled delivery (gateway/delay/loop.py): epoch milliseconds, ASCII decimal.
 H_DELIVER_AT = "dedup-deliver-at"  # when the record is due on the clean topic
 H_TIER_AT = "dedup-tier-at"  # when it entered its delay tier (tier copies only)
 H_WINDOW = "dedup-window"  # coalescing: <start>/<close> of the record's window, epoch ms

@@ -55,14 +55,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from gateway.coalesce import Coalescer as Closer
-from gateway.coalesce import Verdict, now_ms
 from gateway.config import ConfigError, Settings, parse_duration
-from gateway.errors import BadRecord
-from gateway.ids import IdExtractor
-from gateway.kafka import build_consumer, partitions_of, stop_within, unless_stopped
-from gateway.metrics import Metrics
-from gateway.records import (
+from gateway.contract.records import (
     H_DELIVER_AT,
     H_ID,
     H_SOURCE,
@@ -75,7 +69,13 @@ from gateway.records import (
     quarantine_record,
     source_ref,
 )
-from gateway.sink import Sink
+from gateway.delay.coalescer import Coalescer as Closer
+from gateway.delay.coalescer import Verdict, now_ms
+from gateway.errors import BadRecord
+from gateway.kafka.clients import build_consumer, partitions_of, stop_within, unless_stopped
+from gateway.kafka.sink import Sink
+from gateway.metrics import Metrics
+from gateway.rules.ids import IdExtractor
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class Router:
 
         Records that asked for a delay gain `dedup-deliver-at`; tier copies also
         `dedup-tier-at`. The headers were checked on the way in (`checked`).
-        With `closes` (coalescing, gateway/coalesce.py), every record waits in a
+        With `closes` (coalescing, gateway/delay/coalescer.py), every record waits in a
         tier until its window's close at least: its close is decided there.
         """
         now = now_ms()
@@ -470,7 +470,7 @@ class DelayLoop:
         moves: dict[str, list[OutRecord]],
         stepped: list[_Held],
     ) -> list[int]:
-        """Decide the windows of due coalesced records (gateway/coalesce.py): the newest
+        """Decide the windows of due coalesced records (gateway/delay/coalescer.py): the newest
         goes to the clean topic, the superseded are dropped, the rest wait again.
         Returns the emitted windows' close times."""
         assert self.closer is not None  # records with a window are read only with one
@@ -597,7 +597,7 @@ async def start_delay_loop(
     closer: Closer | None = None,
 ) -> DelayLoop:
     """Join `<group_id>.delay` on the tier topics; ConfigError naming any that is missing.
-    `closer` decides the close of coalesced records (gateway/coalesce.py).
+    `closer` decides the close of coalesced records (gateway/delay/coalescer.py).
 
     Tier topics are never created here (the gateway creates no topic): a missing
     one is a deployment step left out, reported before any record is routed.

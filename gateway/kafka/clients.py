@@ -111,7 +111,7 @@ def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:
         # add latency, never batch more (bench/RESULTS.md, latency).
         linger_ms=0,
         # A batch is what the broker judges against its limit: never over it
-        # (gateway/sink.py relies on this to judge sizes once per batch).
+        # (gateway/kafka/sink.py relies on this to judge sizes once per batch).
         max_batch_size=min(1_000_000, kafka.max_request_bytes),
         max_request_size=kafka.max_request_bytes,
     )

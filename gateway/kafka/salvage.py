@@ -29,7 +29,7 @@ from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from aiokafka.errors import for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from gateway.records import Record
+from gateway.contract.records import Record
 
 # The v2 record batch header: base offset, length, leader epoch, magic, crc,
 # attributes, last offset delta, first and max timestamp, producer id and

@@ -3,7 +3,7 @@
 Three batches are in flight at most: one whose ids are being claimed, the
 one before it whose vote is being finished (its claims were sent first, so
 Redis always has the next batch's work while the gateway classifies), and
-the one before that being forwarded and committed (gateway/checkpoint.py).
+the one before that being forwarded and committed (gateway/raw/checkpoint.py).
 The loop holds `batch_lock` while it votes and hands a batch over; a
 rebalance takes the same lock and finishes the batch being claimed and
 drains, so a revoked partition's batches in hand are forwarded and
@@ -16,7 +16,7 @@ records out (they were claimed by their own tokens, so reading them again
 finds their marks theirs).
 
 A raw record with a header name that is not UTF-8 makes aiokafka's `getmany`
-raise, every time (gateway/salvage.py). The loop then reads the partitions
+raise, every time (gateway/kafka/salvage.py). The loop then reads the partitions
 leniently from their committed offsets and quarantines such a record
 (`bad_header`, those headers dropped), after the records before it, and the
 partition reads on after it.
@@ -34,14 +34,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
-from gateway.checkpoint import Checkpoint
 from gateway.errors import BadRecord
-from gateway.kafka import aiokafka_options, unless_stopped
-from gateway.lanes import LaneScheduler
+from gateway.kafka.clients import aiokafka_options, unless_stopped
+from gateway.kafka.salvage import read_leniently
 from gateway.metrics import Metrics
-from gateway.pausing import BlockedPartitions, backoff_delay
-from gateway.pipeline import Decided, Pipeline, Voting
-from gateway.salvage import read_leniently
+from gateway.raw.blocking import BlockedPartitions, backoff_delay
+from gateway.raw.checkpoint import Checkpoint
+from gateway.raw.lanes import LaneScheduler
+from gateway.raw.pipeline import Decided, Pipeline, Voting
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class RawSource:
                     if fetched is None:
                         break
                     batch = fetched
-                except UnicodeDecodeError as exc:  # a header name (gateway/salvage.py)
+                except UnicodeDecodeError as exc:  # a header name (gateway/kafka/salvage.py)
                     started = time.perf_counter()
                     async with self.batch_lock:
                         await self.hand_over(None)

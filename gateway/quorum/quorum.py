@@ -1,7 +1,7 @@
 """The N quorum members, queried concurrently, a few short script calls each per batch.
 
 This is the only module that talks to Redis on the data path. A member is a
-redis-server or a Redis Cluster (gateway/members.py); its keys are in one
+redis-server or a Redis Cluster (gateway/quorum/members.py); its keys are in one
 group (standalone) or `[redis] cluster_groups` hash-tag groups (cluster),
 and every call goes to one group. What it keeps per member, and why:
 
@@ -23,7 +23,7 @@ and every call goes to one group. What it keeps per member, and why:
   reads every member's epoch every `[redis] ping_interval`, so an idle
   gateway notices a member that died or came back.
 - **Epoch and trust.** Whether the member still holds the marks it was
-  given (gateway/keys.py, "Epochs"). Every claim names the epoch it expects
+  given (gateway/quorum/keys.py, "Epochs"). Every claim names the epoch it expects
   and writes nothing where another one is found; a member whose data was
   lost is *recovering*: its answers are returned but `counted()` says the
   vote must not count them, until `dedup-gateway rebuild` copied the marks
@@ -69,11 +69,12 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway import scripts
 from gateway.config import RedisSettings
 from gateway.errors import CredentialsRefused
-from gateway.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch, handover_key
-from gateway.members import (
+from gateway.metrics import Metrics
+from gateway.quorum import scripts
+from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch, handover_key
+from gateway.quorum.members import (
     Group,
     MemberUrl,
     client_for,
@@ -84,8 +85,7 @@ from gateway.members import (
     node_client_for,
     split,
 )
-from gateway.metrics import Metrics
-from gateway.vote import MINE, Reply
+from gateway.rules.vote import MINE, Reply
 
 logger = logging.getLogger(__name__)
 _CLOSED_TRANSPORT = "unable to perform operation on"  # uvloop: the handle is closed
@@ -189,7 +189,7 @@ class Quorum:
         # instance that lost its data has every mark it could have missed gone too.
         self.recovery_ms = self.ttl_ms + self.ttl_ms // scripts.SLICES_BACK
         self.prefix = settings.key_prefix.encode()
-        # What every mark script takes after the key prefix (gateway/scripts.py).
+        # What every mark script takes after the key prefix (gateway/quorum/scripts.py).
         tail = (self.ttl_ms, self.ttl_ms // scripts.SLICES_BACK, settings.buckets)
         self.layout: list[Any] = [self.prefix, *tail]  # a standalone member's
         self.size = len(settings.nodes)
@@ -293,7 +293,7 @@ class Quorum:
 
     async def refresh_epochs(self, patient: bool = False) -> None:
         """Read every member's epoch, give one to a member that has none, and decide
-        which members are trusted (gateway/keys.py, "Epochs"). `patient` (at start):
+        which members are trusted (gateway/quorum/keys.py, "Epochs"). `patient` (at start):
         allow FIRST_CONTACT_S for the reads, which then connect and load the script:
         a member missed at the first start joins as recovering."""
         self._epochs_read, self._reread = True, False
@@ -600,7 +600,7 @@ class Quorum:
         await asyncio.gather(*(self._grouped(i, "mark_done", digests, plan)
                                for i in self.instances))  # fmt: skip
 
-    # -- coalescing windows (gateway/coalesce.py, scripts.COALESCE_*) -------------
+    # -- coalescing windows (gateway/delay/coalescer.py, scripts.COALESCE_*) -------------
 
     async def coalesce_update(
         self, digests: Sequence[bytes], stamps: Sequence[int], versions: Sequence[str],
@@ -684,9 +684,9 @@ class Quorum:
         return out
 
     async def delete(self, digest: bytes) -> list[int | None]:
-        """Release the mark whoever holds it (operator release; a tombstone, gateway/keys.py);
-        per member 1 released, 0 absent or released already, None for no answer (or a
-        member that is not counted)."""
+        """Release the mark whoever holds it (operator release; a tombstone,
+        gateway/quorum/keys.py); per member 1 released, 0 absent or released already,
+        None for no answer (or a member that is not counted)."""
 
         def plan(group: Group, items: Sequence[int]) -> Planned:
             return [(("delete", [group.meta], [*group.layout, digest]), items)]
@@ -713,7 +713,7 @@ class Quorum:
 
         return list(await asyncio.gather(*(one(inst) for inst in self.instances)))
 
-    # -- a member's marks, whole (gateway/rebuild.py) ----------------------------
+    # -- a member's marks, whole (gateway/ops/rebuild.py) ----------------------------
 
     async def lookup(self, inst: Instance, digests: Sequence[bytes]) -> list[Any] | None:
         """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `inst`;

@@ -15,7 +15,7 @@ instances and m = N//2 + 1:
   different instances can, in rare orders, each win on some gateway;
 - otherwise (too few answers to know): UNDECIDED, handled by `on_no_quorum`.
 
-Released marks (release mode, gateway/keys.py) hold `-<token>`: the id is
+Released marks (release mode, gateway/quorum/keys.py) hold `-<token>`: the id is
 free, and `token` must never own it again. An instance may not have seen the
 release yet (it runs on each instance in turn, racing claims), so a token
 whose release any answer shows counts as released everywhere: a tombstone
@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.keys import TOMBSTONE
+from gateway.quorum.keys import TOMBSTONE
 
 MINE = 1
 # MINE, another owner's token (a tombstone: `-<token>`), `=<token>` (mine, taken

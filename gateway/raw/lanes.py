@@ -35,9 +35,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from gateway.config import LaneSettings, Settings
+from gateway.contract.records import H_LANE, Headers
 from gateway.metrics import Metrics
-from gateway.pausing import BlockedPartitions
-from gateway.records import H_LANE, Headers
+from gateway.raw.blocking import BlockedPartitions
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from gateway.config import KafkaSettings
-from gateway.metrics import Metrics
-from gateway.records import (
+from gateway.contract.records import (
     H_SOURCE,
     OutRecord,
     OutRow,
@@ -37,6 +36,7 @@ from gateway.records import (
     record_size,
     refused_record,
 )
+from gateway.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""What crosses a process boundary: clean-record headers, failure commands, owner tokens."""

@@ -1,0 +1,1 @@
+"""Scheduled delivery and coalescing windows: the delay tiers' loop and its router."""

@@ -1,0 +1,1 @@
+"""The failure loop: release and retry commands from the Spark job, dead letters."""

@@ -1,0 +1,1 @@
+"""Kafka plumbing: client options and builders, the batched sink, lenient reads."""

@@ -1,0 +1,1 @@
+"""Operator commands: inspect, release, redrive, pause/resume, rebuild."""

@@ -1,0 +1,1 @@
+"""The Redis quorum: members, key shapes, Lua scripts and the calls made on them."""

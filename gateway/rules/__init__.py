@@ -1,0 +1,1 @@
+"""Pure decisions, no I/O: ids, the vote, classification, command decisions, tiers."""

@@ -1,0 +1,1 @@
+"""The running service: composition root and lifecycle, health endpoints, workers."""
