@@ -38,8 +38,8 @@ from devtools.topics import create_topics
 from devtools.traffic import order_value
 from gateway.config import Settings, load_settings
 from gateway.delay.coalescer import now_ms
-from gateway.delay.loop import tier_topics
 from gateway.logs import configure
+from gateway.rules.tiers import tier_topics
 from gateway.service.app import Gateway
 
 PARTITIONS = 4

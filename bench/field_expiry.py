@@ -35,10 +35,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from devtools.localstack import ManagedProcess, free_port, redis_server, valkey_server_binary
+from gateway import sizing
 from gateway.config import load_settings
+from gateway.contract.tokens import owner_token
 from gateway.metrics import Metrics
-from gateway.quorum import scripts
-from gateway.quorum.keys import mark_digest, owner_token
+from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from gateway.rules.vote import MINE
 
@@ -146,7 +147,7 @@ async def field_expiry(port: int, digests: list[bytes], buckets: int, new_id: st
     sha = await client.script_load(FIELD_CLAIM.replace("NEW", NEW_ID[new_id]))
 
     async def claim(chunk: list[bytes], owner: str) -> int:
-        step, pipe = scripts.CHUNK_DIGESTS, client.pipeline(transaction=False)
+        step, pipe = sizing.CHUNK_DIGESTS, client.pipeline(transaction=False)
         for part in (chunk[a : a + step] for a in range(0, len(chunk), step)):
             pipe.evalsha(sha, 0, prefix, TTL_MS, buckets, len(part[0]), b"".join(part),
                          f"{owner}," * len(part))  # fmt: skip
@@ -214,7 +215,7 @@ def main() -> int:
                     proc.stop()
     print(
         f"{args.ids:,} ids, {buckets:,} buckets (~{args.ids // buckets} marks each), batches "
-        f"of {BATCH}, chunks of {scripts.CHUNK_DIGESTS}, medians of {args.rounds} rounds\n"
+        f"of {BATCH}, chunks of {sizing.CHUNK_DIGESTS}, medians of {args.rounds} rounds\n"
     )
     print("| server | layout | bytes/mark | µs CPU per new id | µs per duplicate | encoding |")
     print("|---|---|---|---|---|---|")

@@ -37,10 +37,11 @@ import uvloop
 from rich.console import Console
 
 from devtools.localstack import ManagedProcess, redis_server
+from gateway import sizing
 from gateway.config import Settings, load_settings
+from gateway.contract.tokens import owner_token
 from gateway.metrics import Metrics
-from gateway.quorum import scripts
-from gateway.quorum.keys import mark_digest, owner_token
+from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Instance, Quorum
 
 console = Console()
@@ -99,11 +100,11 @@ class OneCall(Quorum):
     """The whole batch in one call, as before chunks."""
 
     async def claim(self, digests: Any, owners: Any) -> Any:
-        chunk, scripts.CHUNK_DIGESTS = scripts.CHUNK_DIGESTS, len(digests)
+        chunk, sizing.CHUNK_DIGESTS = sizing.CHUNK_DIGESTS, len(digests)
         try:
             return await super().claim(digests, owners)
         finally:
-            scripts.CHUNK_DIGESTS = chunk
+            sizing.CHUNK_DIGESTS = chunk
 
 
 SENDING: dict[str, type[Quorum]] = {
@@ -239,7 +240,7 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
                 await quorum.close()
     console.print(
         f"sending {args.digests:,} new ids in batches of {args.batch} to {args.instances} "
-        f"instances, chunks of {scripts.CHUNK_DIGESTS}, {scripts.CHUNKS_PER_TRIP} per round "
+        f"instances, chunks of {sizing.CHUNK_DIGESTS}, {sizing.CHUNKS_PER_TRIP} per round "
         f"trip; medians of {args.rounds} rounds"
     )
     for name, runs in results.items():

@@ -158,30 +158,30 @@ def _confirm_unconditional_release(args: argparse.Namespace, message_id: bytes) 
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from gateway.ops import commands
+    from gateway.ops import inspect, pause, redrive, release
 
     settings = _settings(args)
     if args.command == "inspect":
-        return uvloop.run(commands.inspect(settings, _message_id(args), args.output))
+        return uvloop.run(inspect.inspect(settings, _message_id(args), args.output))
     if args.command == "release":
         message_id = _message_id(args)
         refused = _confirm_unconditional_release(args, message_id)
         if refused is not None:
             return refused
         return uvloop.run(
-            commands.release(
+            release.release(
                 settings, message_id, args.token, dry_run=args.dry_run, output=args.output
             )
         )
     if args.command in ("pause", "resume"):
         paused = args.command == "pause"
         return uvloop.run(
-            commands.set_paused(
+            pause.set_paused(
                 settings, args.member, paused, force=paused and args.force, output=args.output
             )
         )
     return uvloop.run(
-        commands.redrive(settings, args.limit, dry_run=args.dry_run, output=args.output)
+        redrive.redrive(settings, args.limit, dry_run=args.dry_run, output=args.output)
     )
 
 

@@ -35,9 +35,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gateway import sizing
 from gateway.errors import ConfigError
-from gateway.quorum import scripts
-from gateway.quorum.members import MemberUrl, check_member_url, masked, member_name
+from gateway.member_urls import MemberUrl, check_member_url, masked, member_name
 
 ENV_PREFIX = "GATEWAY_"
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file, when --config is not given
@@ -124,8 +124,8 @@ class RedisSettings(_Section):
     # aim for a few hundred marks per bucket at most, i.e. about
     # distinct ids per ttl / 2 / 300. Each live bucket costs about one Redis key.
     buckets: int = Field(default=16_384, ge=1, le=2**24)
-    # Per-instance bound on one round trip (up to scripts.CHUNKS_PER_TRIP chunks of
-    # scripts.CHUNK_DIGESTS digests); a slower instance counts as no answer.
+    # Per-instance bound on one round trip (up to sizing.CHUNKS_PER_TRIP chunks of
+    # sizing.CHUNK_DIGESTS digests); a slower instance counts as no answer.
     timeout: Duration = timedelta(milliseconds=500)
     # How often every instance is pinged (and its epoch read) in the background.
     ping_interval: Duration = timedelta(seconds=2)
@@ -159,13 +159,13 @@ class RedisSettings(_Section):
     @field_validator("timeout")
     @classmethod
     def _timeout_range(cls, timeout: timedelta) -> timedelta:
-        least = timedelta(milliseconds=scripts.MIN_TIMEOUT_MS)
+        least = timedelta(milliseconds=sizing.MIN_TIMEOUT_MS)
         if not least <= timeout <= timedelta(seconds=60):
             raise ValueError(
-                f"must be between {scripts.MIN_TIMEOUT_MS}ms and 60s, got {timeout}: one round "
-                f"trip carries up to {scripts.CHUNKS_PER_TRIP} chunks of "
-                f"{scripts.CHUNK_DIGESTS} digests, about {scripts.TRIP_MS}ms of Redis work, "
-                f"and needs {scripts.TIMEOUT_MARGIN}x that for a loaded instance"
+                f"must be between {sizing.MIN_TIMEOUT_MS}ms and 60s, got {timeout}: one round "
+                f"trip carries up to {sizing.CHUNKS_PER_TRIP} chunks of "
+                f"{sizing.CHUNK_DIGESTS} digests, about {sizing.TRIP_MS}ms of Redis work, "
+                f"and needs {sizing.TIMEOUT_MARGIN}x that for a loaded instance"
             )
         return timeout
 

@@ -40,7 +40,7 @@ from gateway.errors import (
     REDIS_ERROR_KINDS,
     RELEASE_RESULTS,
 )
-from gateway.quorum.members import member_name
+from gateway.member_urls import member_name
 
 PREFIX = "dedup_gateway"
 MULTIPROC_ENV = (

@@ -43,39 +43,38 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import re
 import time
-from bisect import bisect_right
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from gateway.config import ConfigError, Settings, parse_duration
+from gateway.config import ConfigError, Settings
 from gateway.contract.records import (
     H_DELIVER_AT,
-    H_ID,
-    H_SOURCE,
     H_TIER_AT,
     H_WINDOW,
-    Headers,
     OutRecord,
-    OutRow,
     Record,
     quarantine_record,
     source_ref,
 )
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.coalescer import Verdict, now_ms
-from gateway.errors import BadRecord
-from gateway.kafka.clients import build_consumer, partitions_of, stop_within, unless_stopped
+from gateway.kafka.clients import build_consumer, stop_within, unless_stopped
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.rules.ids import IdExtractor
+from gateway.rules.tiers import (
+    Tiers,
+    _int_header,
+    _replace_tier_at,
+    next_step_ms,
+    pick_tier,
+    tier_topics,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,192 +85,6 @@ STOP_DRAIN_MS = 5_000  # at stop, held records due for a step within this are mo
 FULL_RETRY_MS = 50  # memory full: how soon a partition paused for room is tried again
 FETCH_TIMEOUT_MS = 100  # longest an idle fetch waits: bounds the reaction to stop
 REPORT_EVERY_S = 1.0
-SCAN_LIMIT = 1_000_000  # `inspect`: most tier records read looking for an id
-SCAN_TIMEOUT_S = 60.0
-
-_EPOCH_MS = re.compile(rb"\d{1,15}")  # up to year 33658: larger is not a time
-_MAX_DURATION_CHARS = 32
-
-
-def millis(duration: timedelta) -> int:
-    return duration // timedelta(milliseconds=1)
-
-
-def tier_label(tier: timedelta) -> str:
-    """The tier's name in its topic: the largest unit that divides it (`1s`, `16m`, `250ms`)."""
-    ms = millis(tier)
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
-
-
-def tier_topic(clean_topic: str, tier: timedelta) -> str:
-    return f"{clean_topic}.delay.{tier_label(tier)}"
-
-
-def tier_topics(settings: Settings) -> list[str]:
-    """The topics `[delay] tiers` needs, smallest tier first (they must exist)."""
-    return [tier_topic(settings.kafka.clean_topic, t) for t in settings.delay.tiers]
-
-
-def pick_tier(remaining_ms: int, tiers_ms: Sequence[int]) -> int | None:
-    """Index of the largest tier not longer than `remaining_ms`; None when none is."""
-    index = bisect_right(tiers_ms, remaining_ms) - 1
-    return index if index >= 0 else None
-
-
-def next_step_ms(tier_at_ms: int, tier_ms: int, due_ms: int) -> int:
-    """When a tier record takes its next step: its tier's delay after entry, or due."""
-    return min(tier_at_ms + tier_ms, due_ms)
-
-
-def requested_due(
-    headers: Headers, timestamp_ms: int, at_name: str, after_name: str, max_delay_ms: int
-) -> int | None:
-    """The due time (epoch ms) a raw record's headers ask for; None when they ask none.
-
-    `deliver-at` is epoch milliseconds; `deliver-after` a duration with a unit
-    (`parse_duration`) from `timestamp_ms`. Raises BadRecord (`bad_deliver_at`,
-    `bad_deliver_after`, `conflicting_delay`, `delay_too_long`: due more than
-    `max_delay_ms` after the timestamp). The first header of each name counts.
-    """
-    at = after = None
-    for key, value in headers:
-        if key == at_name and at is None:
-            at = value or b""
-        elif key == after_name and after is None:
-            after = value or b""
-    if at is None and after is None:
-        return None
-    if at is not None and after is not None:
-        raise BadRecord("conflicting_delay", f"both {at_name!r} and {after_name!r} headers")
-    if at is not None:
-        if not _EPOCH_MS.fullmatch(at):
-            raise BadRecord("bad_deliver_at", f"{at_name!r} is not epoch milliseconds: {at!r:.80}")
-        due = int(at)
-    else:
-        assert after is not None
-        try:
-            if len(after) > _MAX_DURATION_CHARS:
-                raise ValueError("too long")
-            due = timestamp_ms + millis(parse_duration(after.decode("ascii")))
-        except (ValueError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
-            raise BadRecord(
-                "bad_deliver_after", f"{after_name!r} is not a duration like '90s': {after!r:.80}"
-            ) from exc
-    if due - timestamp_ms > max_delay_ms:
-        raise BadRecord(
-            "delay_too_long",
-            f"due {(due - timestamp_ms) / 1000:.0f}s after the record's timestamp; "
-            f"[delay] max_delay is {max_delay_ms / 1000:.0f}s",
-        )
-    return due
-
-
-def _int_header(headers: Headers, name: str) -> int:
-    for key, value in headers:
-        if key == name:
-            if value is None or not _EPOCH_MS.fullmatch(value):
-                raise ValueError(f"{name} is not epoch milliseconds: {value!r:.40}")
-            return int(value)
-    raise ValueError(f"no {name} header")
-
-
-def _replace_tier_at(headers: Headers, tier_at_ms: int | None) -> list[tuple[str, bytes]]:
-    """`headers` without `dedup-tier-at`, plus a new one when `tier_at_ms` is given."""
-    kept = [(k, v) for k, v in headers if k != H_TIER_AT]
-    if tier_at_ms is not None:
-        kept.append((H_TIER_AT, str(tier_at_ms).encode()))
-    return kept
-
-
-class Tiers:
-    """The tier topics of one gateway: their names, delays and metric labels."""
-
-    def __init__(self, settings: Settings) -> None:
-        tiers = settings.delay.tiers
-        self.ms = [millis(t) for t in tiers]
-        self.labels = [tier_label(t) for t in tiers]
-        self.topics = tier_topics(settings)
-        self.by_topic = {topic: i for i, topic in enumerate(self.topics)}
-
-
-class Router:
-    """The raw path's side: refuse bad delay headers, send what is not yet due to a tier."""
-
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
-        delay = settings.delay
-        self.at_name = delay.deliver_at_header
-        self.after_name = delay.deliver_after_header
-        self.max_delay_ms = millis(delay.max_delay)
-        self.tiers = Tiers(settings)
-        self.metrics = metrics
-
-        for label in self.tiers.labels:  # every tier's series exists from the start
-            metrics.delayed.labels(label)
-            metrics.delay_backlog.labels(label).set(0)
-
-    def due(self, headers: Headers, timestamp_ms: int | None) -> int | None:
-        now = now_ms()
-        base = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now
-        due = requested_due(headers, base, self.at_name, self.after_name, self.max_delay_ms)
-        # A timestamp in the future (a producer's clock) must not stretch the wait past
-        # the mark's life: the mark is written now. A replay is later, so it agrees.
-        if due is not None and due - now > self.max_delay_ms:
-            raise BadRecord(
-                "delay_too_long",
-                f"due {(due - now) / 1000:.0f}s from now (the record's timestamp is ahead of "
-                f"this clock); [delay] max_delay is {self.max_delay_ms / 1000:.0f}s",
-            )
-        return due
-
-    def checked(self, extract: IdExtractor) -> Callable[[Record], bytes]:
-        """`extract`, also refusing (BadRecord) a record whose delay headers are bad, so it
-        is quarantined before it claims its id."""
-
-        def extract_checked(record: Record) -> bytes:
-            message_id = extract(record)
-            self.due(record.headers, record.timestamp)
-            return message_id
-
-        return extract_checked
-
-    def route(
-        self, records: Sequence[OutRow], closes: Sequence[int] | None = None
-    ) -> tuple[list[OutRow], dict[str, list[OutRow]]]:
-        """Split decided-new records: (due now, for the clean topic; per tier topic, the rest).
-
-        Records that asked for a delay gain `dedup-deliver-at`; tier copies also
-        `dedup-tier-at`. The headers were checked on the way in (`checked`).
-        With `closes` (coalescing, gateway/delay/coalescer.py), every record waits in a
-        tier until its window's close at least: its close is decided there.
-        """
-        now = now_ms()
-        clean: list[OutRow] = []
-        delayed: dict[str, list[OutRow]] = defaultdict(list)
-        for i, rec in enumerate(records):
-            key, value, timestamp_ms, rec_headers, source_partition = rec
-            due = self.due(rec_headers, timestamp_ms)
-            if closes is not None:
-                due = max(due or 0, closes[i])
-            if due is None:
-                clean.append(rec)
-                continue
-            headers = [*rec_headers, (H_DELIVER_AT, str(due).encode())]
-            if due <= now and closes is None:
-                clean.append((key, value, timestamp_ms, headers, source_partition))
-                continue
-            tier = pick_tier(due - now, self.tiers.ms) or 0  # shorter than all: the smallest
-            headers.append((H_TIER_AT, str(now).encode()))
-            delayed[self.tiers.topics[tier]].append(
-                (key, value, timestamp_ms, headers, source_partition)
-            )
-        for topic, moved in delayed.items():
-            self.metrics.delayed.labels(self.tiers.labels[self.tiers.by_topic[topic]]).inc(
-                len(moved)
-            )
-        return clean, delayed
 
 
 @dataclass(order=True, slots=True)
@@ -622,90 +435,3 @@ async def start_delay_loop(
     consumer.subscribe(topics, listener=loop.listener())
     logger.info("scheduled delivery: tiers %s, group %s.delay", ", ".join(topics), kafka.group_id)
     return loop
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """One tier copy of an id that has not been moved on (what `inspect` shows)."""
-
-    topic: str
-    partition: int
-    offset: int
-    tier: str
-    due_ms: int
-    tier_at_ms: int
-    step_ms: int
-    source: str  # the raw record's coordinates (dedup-source)
-
-
-@dataclass
-class Scan:
-    waiting: list[Waiting]
-    scanned: int  # tier records read
-    complete: bool  # False: stopped at SCAN_LIMIT or SCAN_TIMEOUT_S
-
-
-async def find_waiting(settings: Settings, message_id: bytes) -> Scan:
-    """The uncommitted tier records of `message_id`: a read of every tier partition from
-    the delay group's commit to its high watermark (what waits), bounded by SCAN_LIMIT."""
-    kafka = settings.kafka
-    tiers = Tiers(settings)
-    # Names the group to read its commits; only assigns, so it never joins it.
-    consumer = build_consumer(kafka, f"{kafka.group_id}.delay")
-    await consumer.start()
-    scan = Scan([], 0, True)
-    try:
-        tps = []
-        for topic in tiers.topics:
-            try:
-                tps += [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
-            except TimeoutError as exc:
-                raise ConfigError(f"delay.tiers: {exc}") from None
-        consumer.assign(tps)
-        for tp in tps:
-            committed = await consumer.committed(tp)
-            if committed is not None:
-                consumer.seek(tp, committed)
-        deadline = time.monotonic() + SCAN_TIMEOUT_S
-        while True:
-            batch = await consumer.getmany(timeout_ms=200)
-            for tp, records in batch.items():
-                scan.scanned += len(records)
-                tier = tiers.by_topic[tp.topic]
-                scan.waiting.extend(
-                    _waiting(rec, tiers.labels[tier], tiers.ms[tier])
-                    for rec in records
-                    if dict(rec.headers).get(H_ID) == message_id
-                )
-            if await _all_read(consumer, tps):
-                return scan
-            if scan.scanned >= SCAN_LIMIT or time.monotonic() > deadline:
-                scan.complete = False
-                return scan
-    finally:
-        await consumer.stop()
-
-
-def _waiting(rec: Record, tier: str, tier_ms: int) -> Waiting:
-    """What `inspect` shows of a tier copy (an unreadable time shows as 0)."""
-    times = []
-    for name in (H_DELIVER_AT, H_TIER_AT):
-        try:
-            times.append(_int_header(rec.headers, name))
-        except ValueError:
-            times.append(0)
-    due, tier_at = times
-    source = dict(rec.headers).get(H_SOURCE) or b""
-    return Waiting(
-        rec.topic, rec.partition, rec.offset, tier, due, tier_at,
-        next_step_ms(tier_at, tier_ms, due), source.decode("utf-8", "replace"),
-    )  # fmt: skip
-
-
-async def _all_read(consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition]) -> bool:
-    """Every partition read up to its fetch-response high watermark (never ListOffsets)."""
-    for tp in tps:
-        high = consumer.highwater(tp)
-        if high is None or await consumer.position(tp) < high:
-            return False
-    return True

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from gateway.config import Settings
 from gateway.contract.commands import Command, parse_command
@@ -59,143 +59,26 @@ from gateway.contract.records import (
     coordinates,
     source_ref,
 )
+from gateway.contract.tokens import dead_token, owner_token
 from gateway.errors import BadRecord, InvalidCommand, RawFetchError
+from gateway.failures.fetch_back import Absent, RawFetcher
 from gateway.kafka.clients import unless_stopped
-from gateway.kafka.salvage import read_leniently
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.quorum.keys import dead_token, mark_digest, owner_token
+from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import (
-    EFFECT_DONE,
-    HANDED_OVER_BY_ANOTHER_COPY,
-    HELD_BY_LATER_ATTEMPT,
-    MOVED,
-    NO_LIVE_MARK,
-    RELEASED,
-    RELEASED_NOW,
-    Handover,
     Quorum,
 )
-from gateway.raw.blocking import backoff_delay
-from gateway.raw.lanes import lane_headers
+from gateway.rules.backoff import backoff_delay
+from gateway.rules.commands import handover_decision, handover_of, release_decision
 from gateway.rules.ids import build_extractor
+from gateway.rules.lanes import lane_headers
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000  # scheduled retries held in memory before fetching pauses
 FETCH_TIMEOUT_MS = 200
-RAW_FETCH_DEADLINE_S = 10.0  # longest one raw read waits for the broker before trying later
-FRESH_ANSWER_S = 2.0  # a high watermark this recent is the broker's current word
 COMMIT_TIMEOUT_S = 5.0  # a commit the broker does not answer is retried on the next pass
-
-
-@dataclass(frozen=True)
-class Absent:
-    """The broker's answer that no record is at a command's coordinates."""
-
-    reason: str  # the invalid-command metric label
-    detail: str
-
-
-class RawFetcher:
-    """Reads single raw records back by coordinates (no group; retries are rare)."""
-
-    def __init__(
-        self, consumer: AIOKafkaConsumer, deadline_s: float = RAW_FETCH_DEADLINE_S
-    ) -> None:
-        self.consumer = consumer
-        self.deadline_s = deadline_s
-
-    async def fetch(self, topic: str, partition: int, offset: int) -> Record | Absent:
-        """The record at that offset, or `Absent` when the broker says there is none:
-
-        - `raw_record_gone`: below the log start offset (retention), or the fetch
-          returned a later record (compacted away, or an aborted transaction's);
-        - `beyond_end`: past the end of the partition, as the broker still says at
-          the deadline (a leader's high watermark that lags for a moment after an
-          election is waited out);
-        - `unknown_source`: the partition does not exist.
-
-        Raises RawFetchError when the broker gives no such answer within the
-        deadline (paused or slow broker, leader election, open transaction).
-        """
-        tp = TopicPartition(topic, partition)
-        ref = source_ref(topic, partition, offset)
-        deadline = time.monotonic() + self.deadline_s
-        assigned = self.consumer.assignment()
-        if tp not in assigned:
-            self.consumer.assign([*assigned, tp])
-        if not await self._exists(tp, ref, deadline):
-            self.consumer.assign([p for p in self.consumer.assignment() if p != tp])
-            return Absent("unknown_source", f"no partition {tp.topic}/{tp.partition}")
-        self.consumer.seek(tp, offset)
-        while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
-            try:
-                batch = await self.consumer.getmany(
-                    tp, timeout_ms=min(FETCH_TIMEOUT_MS, left_ms), max_records=1
-                )
-            except OffsetOutOfRangeError:
-                return await self._out_of_range(tp, ref, offset, deadline)
-            except UnicodeDecodeError:
-                # A header name that is not UTF-8 in the record's batch (gateway/kafka/salvage.py).
-                return await self._read_leniently(tp, ref, offset)
-            for rec in batch.get(tp, []):
-                if rec.offset == offset:
-                    return rec
-                return Absent("raw_record_gone", f"{ref}: the next record is at {rec.offset}")
-        high = self.consumer.highwater(tp)
-        answered_ms = self.consumer.last_poll_timestamp(tp)
-        if (
-            high is not None
-            and high <= offset
-            and answered_ms is not None
-            and answered_ms >= (time.time() - FRESH_ANSWER_S) * 1000
-        ):
-            return Absent("beyond_end", f"{ref}: the partition ends at {high}")
-        raise RawFetchError(f"{ref}: not read within {self.deadline_s:g}s")
-
-    async def _read_leniently(self, tp: TopicPartition, ref: str, offset: int) -> Record | Absent:
-        """The record at `offset` when aiokafka cannot parse its batch."""
-        found = await read_leniently(self.consumer._client, tp, offset, max_records=1)
-        for rec in found.records:
-            if rec.offset == offset:
-                return rec
-        if any(rec.offset == offset for rec, _ in found.bad):
-            return Absent("bad_header", f"{ref}: a header name is not UTF-8")
-        return Absent("raw_record_gone", f"{ref}: not found by a lenient read")
-
-    async def _exists(self, tp: TopicPartition, ref: str, deadline: float) -> bool:
-        """Whether the partition exists, refreshing metadata when it is not known yet."""
-        parts = self.consumer.partitions_for_topic(tp.topic)
-        if parts and tp.partition in parts:
-            return True
-        try:
-            refreshed = await asyncio.wait_for(
-                self.consumer._client.force_metadata_update(), deadline - time.monotonic()
-            )
-        except TimeoutError:
-            refreshed = False
-        if not refreshed:
-            raise RawFetchError(f"{ref}: no metadata for {tp.topic} within {self.deadline_s:g}s")
-        parts = self.consumer.partitions_for_topic(tp.topic)
-        return bool(parts) and tp.partition in parts
-
-    async def _out_of_range(
-        self, tp: TopicPartition, ref: str, offset: int, deadline: float
-    ) -> Absent:
-        """The broker has nothing at `offset`: below the log start, or past the end.
-
-        ListOffsets "earliest" is right on every broker (only "latest" is not on Tansu).
-        """
-        try:
-            starts = await asyncio.wait_for(
-                self.consumer.beginning_offsets([tp]), max(deadline - time.monotonic(), 0.001)
-            )
-        except (TimeoutError, KafkaError) as exc:
-            raise RawFetchError(f"{ref}: out of range, log start unknown ({exc!r})") from exc
-        if offset < starts[tp]:
-            return Absent("raw_record_gone", f"{ref}: below the log start offset {starts[tp]}")
-        return Absent("beyond_end", f"{ref}: past the end of the partition")
 
 
 @dataclass
@@ -223,71 +106,6 @@ class _Due:
     dead: bool = field(compare=False)
     owner: _Partition = field(compare=False)
     fetch_failures: int = field(default=0, compare=False)
-
-
-def handover_decision(answers: Sequence[int], majority: int) -> str:
-    """What to do with a failure command, from the counted members' HANDOVER replies
-    (scripts.HANDOVER): "act" (hand over and retry or dead-letter), "skip" (stale, or
-    another copy's, or done) or "wait" (no majority yet: retry the command later).
-
-    `EFFECT_DONE` is written only after the effect was acknowledged, so one member
-    saying so settles it: a member that missed that note (it gave no answer to
-    `mark_done`) says `HANDED_OVER_BEFORE` ("redo") instead, and with a third member
-    recovering that tie would hold the command partition forever (chaos seed 1).
-    `HELD_BY_LATER_ATTEMPT` settles it too: a later command acted, so this one had.
-    When the members that hold the next attempt now are a majority only with those
-    another copy of the command moved (`HANDED_OVER_BY_ANOTHER_COPY`), this copy acts
-    as well: at worst the retry goes out twice under one token, which the Spark job
-    drops (`dedup-token`); waiting would hold the partition until that third member
-    is counted again."""
-    if EFFECT_DONE in answers or HELD_BY_LATER_ATTEMPT in answers:
-        return "skip"
-    mine = sum(1 for a in answers if a in MOVED)
-    theirs = answers.count(HANDED_OVER_BY_ANOTHER_COPY)
-    if mine >= majority:
-        return "act"
-    if theirs >= majority:
-        return "skip"
-    if mine + theirs >= majority:
-        return "act"
-    if len(answers) - mine >= majority:
-        return "skip"
-    return "wait"
-
-
-def handover_of(cmd: Command, max_attempts: int) -> Handover:
-    """The mark's handover from the command's failed attempt to the next one (or to
-    the dead letter), with the source record's other attempts' tokens: a member still
-    holding an earlier one missed a handover; one holding a later one (or the dead
-    letter's) shows the command is stale."""
-    src = (cmd.topic, cmd.partition, cmd.offset)
-    dead = cmd.attempt >= max_attempts
-    nxt = dead_token(*src) if dead else owner_token(*src, cmd.attempt + 1)
-    # No attempt past max_attempts is ever forwarded, whatever a command says.
-    earlier = [owner_token(*src, k) for k in range(1, min(cmd.attempt, max_attempts + 1))]
-    later = [] if dead else [
-        *(owner_token(*src, k) for k in range(cmd.attempt + 2, max_attempts + 1)), dead_token(*src)
-    ]  # fmt: skip
-    return Handover(mark_digest(cmd.id), cmd.token, nxt, cmd.ref, earlier, later)
-
-
-def release_decision(answers: Sequence[int], majority: int) -> str:
-    """What a release command did, from the counted members' RELEASE replies (1
-    released now, 2 released before from that token, 3 no live mark, 0 held by
-    another owner): "released", "repeated" (released, every one of them before: the
-    command was delivered twice or redone after a crash), "stale" (a majority does
-    not hold that token) or "wait" (no majority yet: retry the command later).
-
-    Released means the id is free on a majority: released there, or never marked (a
-    member that missed the claim and its fill). Counted as "stale" instead, that
-    member tied with one that released it while a third recovered, and the command
-    partition waited forever, as a handover's did (see handover_decision)."""
-    released = sum(1 for a in answers if a in RELEASED)
-    if released and released + answers.count(NO_LIVE_MARK) >= majority:
-        return "released" if RELEASED_NOW in answers else "repeated"
-    if len(answers) - released >= majority:
-        return "stale"
-    return "wait"
 
 
 class FailureLoop:

@@ -6,9 +6,9 @@ group (standalone) or `[redis] cluster_groups` hash-tag groups (cluster),
 and every call goes to one group. What it keeps per member, and why:
 
 - **Chunks.** A batch's digests go to each group in chunks of
-  `scripts.CHUNK_DIGESTS`, in order (so the first copy of an id in a batch
+  `sizing.CHUNK_DIGESTS`, in order (so the first copy of an id in a batch
   still wins: its copies share a digest, so a group). A standalone member
-  gets `scripts.CHUNKS_PER_TRIP` chunks pipelined per round trip on one
+  gets `sizing.CHUNKS_PER_TRIP` chunks pipelined per round trip on one
   connection; a cluster member's calls go to the master serving their
   group (by the client's slot map), pipelined the same way on a connection
   to that node, the masters side by side; the cluster client takes over for
@@ -69,22 +69,14 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway import sizing
 from gateway.config import RedisSettings
 from gateway.errors import CredentialsRefused
+from gateway.member_urls import MemberUrl, is_cluster, member_name
 from gateway.metrics import Metrics
 from gateway.quorum import scripts
 from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch, handover_key
-from gateway.quorum.members import (
-    Group,
-    MemberUrl,
-    client_for,
-    group_of,
-    groups_for,
-    is_cluster,
-    member_name,
-    node_client_for,
-    split,
-)
+from gateway.quorum.members import Group, client_for, group_of, groups_for, node_client_for, split
 from gateway.rules.vote import MINE, Reply
 
 logger = logging.getLogger(__name__)
@@ -666,7 +658,7 @@ class Quorum:
         args_of: Callable[[Sequence[int]], list[Any]], width: int,
     ) -> list[Any] | None:  # fmt: skip
         """`script` on `inst` over the items of `digests` in chunks of
-        `scripts.CHUNK_DIGESTS` per group, the arguments of items `k` being the
+        `sizing.CHUNK_DIGESTS` per group, the arguments of items `k` being the
         group's layout and `args_of(k)`; per item its `width` replies, or None when a
         chunk got no answer."""
 
@@ -784,7 +776,7 @@ class Quorum:
         if not inst.backlog or inst.epoch is None or inst.paused:
             return []
         taken = [
-            inst.backlog.popleft() for _ in range(min(len(inst.backlog), scripts.CHUNK_DIGESTS))
+            inst.backlog.popleft() for _ in range(min(len(inst.backlog), sizing.CHUNK_DIGESTS))
         ]
         self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
         return taken
@@ -810,7 +802,7 @@ class Quorum:
     async def _drain(self, inst: Instance) -> None:
         """Send this member's queued fills, a chunk at a time, until the backlog seen at
         the start is sent or a call fails."""
-        for _ in range(-(-len(inst.backlog) // scripts.CHUNK_DIGESTS)):
+        for _ in range(-(-len(inst.backlog) // sizing.CHUNK_DIGESTS)):
             fills = self._take_fills(inst)
             if not fills or not await self._send_fills(inst, fills):
                 return
@@ -923,10 +915,10 @@ class Quorum:
         `[redis] timeout` (timed as `what`). The reply per call; None for a call that
         got no answer (after a timeout or a lost connection the calls not yet sent are
         not sent) or found another epoch or a pause. A standalone member gets
-        `scripts.CHUNKS_PER_TRIP` calls per round trip on one connection; a cluster
+        `sizing.CHUNKS_PER_TRIP` calls per round trip on one connection; a cluster
         member one call at a time, routed by the client (MOVED, ASK, failovers)."""
         results: list[Any | None] = [None] * len(calls)
-        per_trip = 1 if inst.cluster else scripts.CHUNKS_PER_TRIP
+        per_trip = 1 if inst.cluster else sizing.CHUNKS_PER_TRIP
         for start in range(0, len(calls), per_trip):
             trip = range(start, min(start + per_trip, len(calls)))
             if inst.cluster:
@@ -1162,7 +1154,7 @@ def _groups(group: int | Sequence[int]) -> Sequence[int]:
 def _trips(calls: list[int], sizes: Sequence[int]) -> list[list[int]]:
     """`calls` (with the digests each carries) in round trips of at most
     `CHUNK_DIGESTS * CHUNKS_PER_TRIP` digests, in order; a call alone may be one."""
-    limit = scripts.CHUNK_DIGESTS * scripts.CHUNKS_PER_TRIP
+    limit = sizing.CHUNK_DIGESTS * sizing.CHUNKS_PER_TRIP
     trips: list[list[int]] = []
     size = limit
     for n, count in zip(calls, sizes, strict=True):
@@ -1175,8 +1167,8 @@ def _trips(calls: list[int], sizes: Sequence[int]) -> list[list[int]]:
 
 
 def _chunks(items: Sequence[int]) -> list[Sequence[int]]:
-    """`items` in runs of `scripts.CHUNK_DIGESTS` (a range stays a range)."""
-    size = scripts.CHUNK_DIGESTS
+    """`items` in runs of `sizing.CHUNK_DIGESTS` (a range stays a range)."""
+    size = sizing.CHUNK_DIGESTS
     return [items[a : a + size] for a in range(0, len(items), size)]
 
 

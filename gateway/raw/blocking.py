@@ -10,7 +10,6 @@ for its retries (`backoff_delay`).
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,15 +17,9 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.metrics import Metrics
+from gateway.rules.backoff import backoff_delay
 
 logger = logging.getLogger(__name__)
-
-
-def backoff_delay(initial_s: float, maximum_s: float, attempt: int, jitter: float = 0.2) -> float:
-    """Delay before try `attempt` (1-based): initial * 2^(attempt-1), capped at maximum,
-    then spread by +-`jitter` (a share of the delay), never above maximum."""
-    base = min(initial_s * 2 ** max(attempt - 1, 0), maximum_s)
-    return float(min(base * (1 + random.uniform(-jitter, jitter)), maximum_s))
 
 
 @dataclass

@@ -13,69 +13,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from aiokafka import TopicPartition
 
 from gateway.config import Settings
 from gateway.contract.records import (
-    H_UNCERTAIN,
-    Headers,
     OutRecord,
     OutRow,
     Record,
-    clean_rows,
     quarantine_record,
     source_ref,
 )
+from gateway.contract.tokens import owner_tokens
 from gateway.delay.coalescer import Coalescer
-from gateway.delay.loop import Router
+from gateway.delay.router import Router
 from gateway.errors import BadRecord
-from gateway.kafka.sink import Prepared, Sink
+from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest, owner_tokens
+from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
-from gateway.raw.lanes import lane_headers
+from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
 from gateway.rules.ids import build_extractor
+from gateway.rules.lanes import lane_headers
 from gateway.rules.vote import MINE, TOOK_OVER, Outcome, decide, holder
 
 logger = logging.getLogger(__name__)
-
-Policy = Literal["block", "forward", "drop"]
-
-
-@dataclass(slots=True)
-class PartitionBatch:
-    """One partition's records of a batch as parallel lists: no object per record."""
-
-    records: Sequence[Record]
-    ids: list[bytes | BadRecord]  # per record: its id, or why it has none
-    tokens: list[str]  # per record: its owner token
-    bad: int  # records without an id
-    outcomes: Sequence[Outcome | None] = ()  # per record, from the vote; None: no id
-    extra: Headers = ()  # headers every clean copy gains (`dedup-lane`)
-    to: str | None = None  # its lane's own clean topic; None: `[kafka] clean_topic`
-
-
-@dataclass
-class Decided:
-    """A classified batch: what to forward, set aside, commit and block."""
-
-    forward: list[OutRow] = field(default_factory=list)  # to `[kafka] clean_topic`
-    forward_to: dict[str, list[OutRow]] = field(default_factory=dict)  # to a lane's own topic
-    quarantine: list[tuple[Record, BadRecord]] = field(default_factory=list)
-    commits: dict[TopicPartition, int] = field(default_factory=dict)  # next offset to read
-    blocked: dict[TopicPartition, int] = field(default_factory=dict)  # rewind here, pause
-    duplicates: int = 0
-    undecided: dict[str, int] = field(default_factory=dict)  # by action taken
-    # Without scheduled delivery, `forward` and `forward_to` are built into produce
-    # batches as soon as the batch is decided (`Pipeline.end`), then emptied:
-    prepared: list[Prepared] = field(default_factory=list)
-    prepared_records: int = 0
-    prepared_timestamps: list[int | None] = field(default_factory=list)  # for the latency
 
 
 @dataclass
@@ -92,52 +57,6 @@ class Voting:
     def fetched(self) -> list[TopicPartition]:
         """The partitions whose records this batch decides."""
         return [tp for tp in self.parts if tp not in self.dropped]
-
-
-def classify(batch: Mapping[TopicPartition, PartitionBatch], policy: Policy) -> Decided:
-    """What to do with each voted record (pure: no I/O).
-
-    Records are taken in partition order; under `block`, a partition stops at
-    its first undecided record, which is where it will be rewound, and nothing
-    after it is forwarded or committed. Per partition the work is done on
-    whole lists (counts, masks, one comprehension for the clean copies).
-    """
-    decided = Decided()
-    forward, undecided = Outcome.FORWARD, Outcome.UNDECIDED
-    for tp, part in batch.items():
-        records, ids, tokens, outcomes = part.records, part.ids, part.tokens, part.outcomes
-        stuck = undecided in outcomes
-        if stuck and policy == "block":
-            end = outcomes.index(undecided)
-            decided.blocked[tp] = records[end].offset
-            decided.undecided[policy] = decided.undecided.get(policy, 0) + 1
-            records, ids, tokens, outcomes = records[:end], ids[:end], tokens[:end], outcomes[:end]
-            stuck = False
-        if not records:
-            continue
-        decided.commits[tp] = records[-1].offset + 1
-        target = decided.forward if part.to is None else decided.forward_to.setdefault(part.to, [])
-        decided.duplicates += outcomes.count(Outcome.DUPLICATE)
-        if part.bad:
-            decided.quarantine += [
-                (rec, i) for rec, i in zip(records, ids, strict=True) if isinstance(i, BadRecord)
-            ]
-        if not stuck:
-            keep = [o is forward for o in outcomes]
-            kept_ids = cast(Iterable[bytes], compress(ids, keep))  # forwarded: they have ids
-            target += clean_rows(
-                list(compress(records, keep)), kept_ids, compress(tokens, keep), part.extra
-            )
-            continue
-        decided.undecided[policy] = decided.undecided.get(policy, 0) + outcomes.count(undecided)
-        # Rare (no majority, policy forward/drop): record by record, keeping their order.
-        for rec, i, token, outcome in zip(records, ids, tokens, outcomes, strict=True):
-            if not isinstance(i, BadRecord) and (
-                outcome is forward or (outcome is undecided and policy == "forward")
-            ):
-                extra = [(H_UNCERTAIN, b"1")] if outcome is undecided else []
-                target += clean_rows([rec], [i], [token], [*part.extra, *extra])
-    return decided
 
 
 class Pipeline:

@@ -38,10 +38,12 @@ from gateway.errors import BadRecord
 from gateway.kafka.clients import aiokafka_options, unless_stopped
 from gateway.kafka.salvage import read_leniently
 from gateway.metrics import Metrics
-from gateway.raw.blocking import BlockedPartitions, backoff_delay
+from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.checkpoint import Checkpoint
 from gateway.raw.lanes import LaneScheduler
-from gateway.raw.pipeline import Decided, Pipeline, Voting
+from gateway.raw.pipeline import Pipeline, Voting
+from gateway.rules.backoff import backoff_delay
+from gateway.rules.classify import Decided
 
 logger = logging.getLogger(__name__)
 

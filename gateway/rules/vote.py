@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.quorum.keys import TOMBSTONE
+from gateway.contract.tokens import TOMBSTONE
 
 MINE = 1
 # MINE, another owner's token (a tombstone: `-<token>`), `=<token>` (mine, taken

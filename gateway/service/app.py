@@ -18,11 +18,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from gateway.config import Settings
 from gateway.delay.coalescer import Coalescer
 from gateway.delay.loop import start_delay_loop
-from gateway.failures.loop import FailureLoop, RawFetcher
+from gateway.failures.fetch_back import RawFetcher
+from gateway.failures.loop import FailureLoop
 from gateway.kafka.clients import build_consumer, build_producer, stop_all_within
 from gateway.kafka.sink import Sink
+from gateway.member_urls import member_name
 from gateway.metrics import Metrics
-from gateway.quorum.members import member_name
 from gateway.quorum.quorum import Quorum
 from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.lanes import LaneScheduler

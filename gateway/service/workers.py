@@ -46,7 +46,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from gateway.config import Settings
 from gateway.metrics import MULTIPROC_ENV, PREFIX, SupervisorMetrics
-from gateway.raw.blocking import backoff_delay
+from gateway.rules.backoff import backoff_delay
 from gateway.service.health import HealthServer
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from devtools.harness import counter_value
+from gateway import sizing
 from gateway.config import ConfigError, KafkaSettings, load_settings
-from gateway.quorum import scripts
 from gateway.quorum.keys import mark_digest
 from gateway.rules.vote import MINE
 from tests.integration.redis_marks import alone
@@ -32,7 +32,7 @@ async def test_the_largest_batch_is_claimed_in_short_calls_within_the_timeout(
         assert await quorum.claim(ids, [str(i + 1) for i in range(LARGEST)]) == [[MINE] * LARGEST]
         stats = (await r.info("commandstats"))["cmdstat_evalsha"]
         # one per chunk (NOSCRIPT replies, before the script is loaded, fail)
-        assert stats["calls"] - stats["failed_calls"] == LARGEST // scripts.CHUNK_DIGESTS
+        assert stats["calls"] - stats["failed_calls"] == LARGEST // sizing.CHUNK_DIGESTS
         # No call held the instance long (one call of the whole batch takes seconds).
         assert [e for e in await r.slowlog_get(128) if b"EVALSHA" in e["command"]] == []
         again = await quorum.claim(ids[:3], ["7", "8", "9"])
@@ -44,7 +44,7 @@ async def test_a_chunk_that_fails_is_no_answer_for_its_own_digests_only(
     redis_servers: Any,
 ) -> None:
     (server,) = redis_servers(1)
-    n = 20 * scripts.CHUNK_DIGESTS
+    n = 20 * sizing.CHUNK_DIGESTS
     ids = [mark_digest(f"oom-{i}".encode()) for i in range(n)]
     async with alone(server, buckets=1_000_000) as quorum, aioredis.Redis(port=server.port) as r:
         await quorum.check()
@@ -53,9 +53,7 @@ async def test_a_chunk_that_fails_is_no_answer_for_its_own_digests_only(
         await r.config_set("maxmemory", used + 400_000)
         await r.config_set("maxmemory-policy", "noeviction")
         (replies,) = await quorum.claim(ids, [str(i + 1) for i in range(n)])
-        chunks = [
-            replies[a : a + scripts.CHUNK_DIGESTS] for a in range(0, n, scripts.CHUNK_DIGESTS)
-        ]
+        chunks = [replies[a : a + sizing.CHUNK_DIGESTS] for a in range(0, n, sizing.CHUNK_DIGESTS)]
         answered = [c == [MINE] * len(c) for c in chunks]
         failed = [c == [None] * len(c) for c in chunks]
         assert all(a or f for a, f in zip(answered, failed, strict=True)), "a chunk split"
@@ -66,11 +64,11 @@ async def test_a_chunk_that_fails_is_no_answer_for_its_own_digests_only(
         assert retried == [MINE] * n  # the answered ones are replays of their own claims
 
 
-@pytest.mark.parametrize("timeout", ["1ms", f"{scripts.MIN_TIMEOUT_MS - 1}ms"])
+@pytest.mark.parametrize("timeout", ["1ms", f"{sizing.MIN_TIMEOUT_MS - 1}ms"])
 def test_a_timeout_too_short_for_one_round_trip_is_refused_at_start(timeout: str) -> None:
     with pytest.raises(ConfigError) as refused:
         load_settings(redis={"timeout": timeout})
     message = str(refused.value)
     assert message.startswith("invalid setting redis.timeout:")
-    assert f"{scripts.CHUNK_DIGESTS} digests" in message
-    assert load_settings(redis={"timeout": f"{scripts.MIN_TIMEOUT_MS}ms"})
+    assert f"{sizing.CHUNK_DIGESTS} digests" in message
+    assert load_settings(redis={"timeout": f"{sizing.MIN_TIMEOUT_MS}ms"})

@@ -35,8 +35,8 @@ from devtools.harness import (
 from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.config import Settings
 from gateway.delay.coalescer import now_ms
-from gateway.delay.loop import tier_topics
 from gateway.kafka.clients import partitions_of
+from gateway.rules.tiers import tier_topics
 from tests.conftest import redis_urls
 
 TIERS = ["1s", "4s", "16s"]

@@ -23,7 +23,8 @@ from devtools.harness import (
 from devtools.localstack import free_port, tansu_broker
 from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
-from gateway.failures.loop import FailureLoop, RawFetcher
+from gateway.failures.fetch_back import RawFetcher
+from gateway.failures.loop import FailureLoop
 from gateway.kafka.clients import build_consumer, build_producer
 from gateway.metrics import Metrics, total
 from gateway.quorum.keys import mark_digest

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.contract.records import H_UNCERTAIN
+from gateway.contract.tokens import owner_tokens
 from gateway.errors import BadRecord
-from gateway.quorum.keys import owner_tokens
-from gateway.raw.pipeline import Decided, PartitionBatch, Policy, classify
+from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
 from gateway.rules.vote import Outcome
 
 BAD = "bad"

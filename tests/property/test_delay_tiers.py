@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.delay.loop import next_step_ms, pick_tier
+from gateway.rules.tiers import next_step_ms, pick_tier
 
 
 @st.composite

@@ -16,8 +16,8 @@ from gateway.contract.records import (
     clean_record,
     record_size,
 )
+from gateway.contract.tokens import owner_token
 from gateway.errors import BadRecord
-from gateway.quorum.keys import owner_token
 from gateway.rules.ids import build_extractor
 
 TOPIC = st.text(string.ascii_letters + string.digits + "._-", min_size=1, max_size=249)

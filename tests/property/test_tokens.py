@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.quorum.keys import owner_token, owner_tokens
+from gateway.contract.tokens import owner_token, owner_tokens
 
 offsets = st.lists(st.integers(0, 2**62), min_size=1, max_size=50, unique=True)
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.contract.commands import Command
-from gateway.failures.loop import handover_decision, handover_of, release_decision
-from gateway.quorum.keys import dead_token, mark_digest, owner_token
+from gateway.contract.tokens import dead_token, owner_token
+from gateway.quorum.keys import mark_digest
+from gateway.rules.commands import handover_decision, handover_of, release_decision
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.config import ConfigError, effective, load_settings
-from gateway.quorum.members import member_name
+from gateway.member_urls import member_name
 
 BAD = [
     ({"redis": {"nodes": ["redis://a:1/0", "redis://b:1/0"]}}, "redis.nodes", "odd number"),

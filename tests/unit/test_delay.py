@@ -13,18 +13,11 @@ from aiokafka import ConsumerRecord, TopicPartition
 from gateway.config import ConfigError, load_settings
 from gateway.contract.records import H_DELIVER_AT, H_TIER_AT, OutRecord
 from gateway.delay.coalescer import now_ms
-from gateway.delay.loop import (
-    DelayLoop,
-    Router,
-    _Partition,
-    next_step_ms,
-    pick_tier,
-    requested_due,
-    tier_label,
-    tier_topics,
-)
+from gateway.delay.loop import DelayLoop, _Partition
+from gateway.delay.router import Router
 from gateway.errors import BadRecord
 from gateway.metrics import Metrics
+from gateway.rules.tiers import next_step_ms, pick_tier, requested_due, tier_label, tier_topics
 
 TS = 1_700_000_000_000  # a raw record's timestamp
 DAY_MS = 86_400_000

@@ -17,7 +17,7 @@ PACKAGE = Path(gateway.__file__).parent
 
 async def test_every_consumer_shape_the_gateway_builds_reads_committed_data_only():
     kafka = load_settings().kafka
-    consumers = [  # the calls gateway/service/app.py and gateway/ops/commands.py make
+    consumers = [  # the calls gateway/service/app.py and gateway/ops/ make
         build_consumer(kafka, "g", max_partition_fetch_bytes=4 * 1024 * 1024,
                        fetch_max_wait_ms=100, session_timeout_ms=10_000),
         build_consumer(kafka, "g.failures"),

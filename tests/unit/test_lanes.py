@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from gateway.config import ConfigError, LaneSettings, load_settings
 from gateway.contract.records import H_LANE
-from gateway.raw.lanes import lane_headers, plan
-from gateway.raw.pipeline import PartitionBatch, classify
+from gateway.rules.classify import PartitionBatch, classify
+from gateway.rules.lanes import lane_headers, plan
 from gateway.rules.vote import Outcome
 
 

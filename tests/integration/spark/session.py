@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from gateway.quorum.keys import owner_token
+from gateway.contract.tokens import owner_token
 
 # pyspark warns about versions it was not built against; nothing to fix on our side.
 SPARK_WARNING_FILTERS = ("ignore:PySpark does not yet fully support pandas:FutureWarning",)

@@ -1,0 +1,47 @@
+"""A quorum member's URL: its scheme, its name in logs and labels, its masked form."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import UrlConstraints
+from pydantic_core import MultiHostUrl
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+MemberUrl = Annotated[
+    MultiHostUrl,
+    UrlConstraints(
+        allowed_schemes=["redis", "rediss", *CLUSTER_SCHEMES], default_port=6379, host_required=True
+    ),
+]
+
+
+def is_cluster(url: MultiHostUrl) -> bool:
+    return url.scheme in CLUSTER_SCHEMES
+
+
+def member_name(url: MultiHostUrl) -> str:
+    """`host:port/db`, or `cluster:host:port` (the first seed) for a cluster: safe to
+    log and to use as a metric label, never the password."""
+    first = url.hosts()[0]
+    where = f"{first['host']}:{first['port']}"
+    return f"cluster:{where}" if is_cluster(url) else f"{where}{url.path or ''}"
+
+
+def masked(url: MultiHostUrl) -> str:
+    """The URL with its password replaced by `***`."""
+    text = str(url)
+    for host in url.hosts():
+        if host["password"]:
+            text = text.replace(f":{host['password']}@", ":***@", 1)
+    return text
+
+
+def check_member_url(url: MultiHostUrl) -> None:
+    """Raise ValueError for what the URL type cannot say: a cluster has database 0 only."""
+    if is_cluster(url) and (url.path or "/") not in ("/", "/0"):
+        raise ValueError(f"{member_name(url)}: a Redis Cluster has database 0 only, got {url.path}")
+    if not is_cluster(url) and len(url.hosts()) > 1:
+        raise ValueError(f"{member_name(url)}: several hosts need the redis+cluster:// scheme")

@@ -1,0 +1,84 @@
+"""What a failure command's replies decide: the handover and release decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.contract.commands import Command
+from gateway.contract.tokens import dead_token, owner_token
+from gateway.quorum.keys import mark_digest
+from gateway.quorum.quorum import (
+    EFFECT_DONE,
+    HANDED_OVER_BY_ANOTHER_COPY,
+    HELD_BY_LATER_ATTEMPT,
+    MOVED,
+    NO_LIVE_MARK,
+    RELEASED,
+    RELEASED_NOW,
+    Handover,
+)
+
+
+def handover_decision(answers: Sequence[int], majority: int) -> str:
+    """What to do with a failure command, from the counted members' HANDOVER replies
+    (scripts.HANDOVER): "act" (hand over and retry or dead-letter), "skip" (stale, or
+    another copy's, or done) or "wait" (no majority yet: retry the command later).
+
+    `EFFECT_DONE` is written only after the effect was acknowledged, so one member
+    saying so settles it: a member that missed that note (it gave no answer to
+    `mark_done`) says `HANDED_OVER_BEFORE` ("redo") instead, and with a third member
+    recovering that tie would hold the command partition forever (chaos seed 1).
+    `HELD_BY_LATER_ATTEMPT` settles it too: a later command acted, so this one had.
+    When the members that hold the next attempt now are a majority only with those
+    another copy of the command moved (`HANDED_OVER_BY_ANOTHER_COPY`), this copy acts
+    as well: at worst the retry goes out twice under one token, which the Spark job
+    drops (`dedup-token`); waiting would hold the partition until that third member
+    is counted again."""
+    if EFFECT_DONE in answers or HELD_BY_LATER_ATTEMPT in answers:
+        return "skip"
+    mine = sum(1 for a in answers if a in MOVED)
+    theirs = answers.count(HANDED_OVER_BY_ANOTHER_COPY)
+    if mine >= majority:
+        return "act"
+    if theirs >= majority:
+        return "skip"
+    if mine + theirs >= majority:
+        return "act"
+    if len(answers) - mine >= majority:
+        return "skip"
+    return "wait"
+
+
+def handover_of(cmd: Command, max_attempts: int) -> Handover:
+    """The mark's handover from the command's failed attempt to the next one (or to
+    the dead letter), with the source record's other attempts' tokens: a member still
+    holding an earlier one missed a handover; one holding a later one (or the dead
+    letter's) shows the command is stale."""
+    src = (cmd.topic, cmd.partition, cmd.offset)
+    dead = cmd.attempt >= max_attempts
+    nxt = dead_token(*src) if dead else owner_token(*src, cmd.attempt + 1)
+    # No attempt past max_attempts is ever forwarded, whatever a command says.
+    earlier = [owner_token(*src, k) for k in range(1, min(cmd.attempt, max_attempts + 1))]
+    later = [] if dead else [
+        *(owner_token(*src, k) for k in range(cmd.attempt + 2, max_attempts + 1)), dead_token(*src)
+    ]  # fmt: skip
+    return Handover(mark_digest(cmd.id), cmd.token, nxt, cmd.ref, earlier, later)
+
+
+def release_decision(answers: Sequence[int], majority: int) -> str:
+    """What a release command did, from the counted members' RELEASE replies (1
+    released now, 2 released before from that token, 3 no live mark, 0 held by
+    another owner): "released", "repeated" (released, every one of them before: the
+    command was delivered twice or redone after a crash), "stale" (a majority does
+    not hold that token) or "wait" (no majority yet: retry the command later).
+
+    Released means the id is free on a majority: released there, or never marked (a
+    member that missed the claim and its fill). Counted as "stale" instead, that
+    member tied with one that released it while a third recovered, and the command
+    partition waited forever, as a handover's did (see handover_decision)."""
+    released = sum(1 for a in answers if a in RELEASED)
+    if released and released + answers.count(NO_LIVE_MARK) >= majority:
+        return "released" if RELEASED_NOW in answers else "repeated"
+    if len(answers) - released >= majority:
+        return "stale"
+    return "wait"
