@@ -37,9 +37,8 @@ import redis.asyncio as aioredis
 from devtools.localstack import ManagedProcess, free_port, redis_server, valkey_server_binary
 from gateway import sizing
 from gateway.config import load_settings
-from gateway.contract.tokens import owner_token
+from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from gateway.rules.vote import MINE
 

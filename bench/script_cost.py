@@ -39,9 +39,8 @@ from rich.console import Console
 from devtools.localstack import ManagedProcess, redis_server
 from gateway import sizing
 from gateway.config import Settings, load_settings
-from gateway.contract.tokens import owner_token
+from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Instance, Quorum
 
 console = Console()

@@ -34,3 +34,11 @@ TOMBSTONE = "-"  # a released mark's value is TOMBSTONE + the token it was relea
 def is_released(owner: str) -> bool:
     """A released mark's value, `-<token>` (see the module docstring)."""
     return owner.startswith(TOMBSTONE)
+
+
+DIGEST_BYTES = 12
+
+
+def mark_digest(message_id: bytes) -> bytes:
+    """The field a message id's mark is stored under."""
+    return blake2b(message_id, digest_size=DIGEST_BYTES).digest()

@@ -42,9 +42,9 @@ from datetime import timedelta
 
 from gateway.config import Settings
 from gateway.contract.records import H_COALESCED, H_SOURCE, H_WINDOW, Headers, OutRow, Record
+from gateway.contract.tokens import mark_digest
 from gateway.errors import BadRecord
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from gateway.rules.ids import IdExtractor, build_extractor
 

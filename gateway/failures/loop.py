@@ -59,13 +59,12 @@ from gateway.contract.records import (
     coordinates,
     source_ref,
 )
-from gateway.contract.tokens import dead_token, owner_token
+from gateway.contract.tokens import dead_token, mark_digest, owner_token
 from gateway.errors import BadRecord, InvalidCommand, RawFetchError
 from gateway.failures.fetch_back import Absent, RawFetcher
 from gateway.kafka.clients import unless_stopped
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import (
     Quorum,
 )

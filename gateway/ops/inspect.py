@@ -7,11 +7,10 @@ from dataclasses import asdict
 
 from gateway.config import Settings
 from gateway.contract.records import source_ref
-from gateway.contract.tokens import is_released
+from gateway.contract.tokens import is_released, mark_digest
 from gateway.delay.scan import find_waiting
 from gateway.metrics import Metrics
 from gateway.ops.output import Output, id_fields, print_json, table, ttl_text, when_text
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import (
     MarkView,
     Quorum,

@@ -9,16 +9,13 @@ from aiokafka.errors import KafkaError
 
 from gateway.config import Settings
 from gateway.contract.records import H_ID, H_SOURCE, PREFIX, Record, parse_source_ref, source_ref
-from gateway.contract.tokens import dead_token
+from gateway.contract.replies import RELEASED
+from gateway.contract.tokens import dead_token, mark_digest
 from gateway.kafka.clients import build_consumer, build_producer, partitions_of
 from gateway.metrics import Metrics
 from gateway.ops.output import Output, id_fields, print_json
 from gateway.ops.release import would_release
-from gateway.quorum.keys import mark_digest
-from gateway.quorum.quorum import (
-    RELEASED,
-    Quorum,
-)
+from gateway.quorum.quorum import Quorum
 
 
 @dataclass

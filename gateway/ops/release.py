@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from gateway.config import Settings
-from gateway.contract.tokens import TOMBSTONE, is_released
-from gateway.metrics import Metrics
-from gateway.ops.output import Output, id_fields, print_json, table
-from gateway.quorum.keys import mark_digest
-from gateway.quorum.quorum import (
+from gateway.contract.replies import (
     HELD_BY_ANOTHER,
     NO_LIVE_MARK,
     RELEASED,
     RELEASED_BEFORE,
     RELEASED_NOW,
-    MarkView,
-    Quorum,
 )
+from gateway.contract.tokens import TOMBSTONE, is_released, mark_digest
+from gateway.metrics import Metrics
+from gateway.ops.output import Output, id_fields, print_json, table
+from gateway.quorum.quorum import MarkView, Quorum
 from gateway.rules.commands import release_decision
 
 

@@ -113,16 +113,9 @@ data began) and a state. Gateways agree through the key itself:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from hashlib import blake2b
 
-DIGEST_BYTES = 12
 EPOCH_TRUSTED = "trusted"
 EPOCH_RECOVERING = "recovering"
-
-
-def mark_digest(message_id: bytes) -> bytes:
-    """The field a message id's mark is stored under."""
-    return blake2b(message_id, digest_size=DIGEST_BYTES).digest()
 
 
 def handover_key(prefix: bytes, digest: bytes) -> bytes:

@@ -77,6 +77,7 @@ from gateway.metrics import Metrics
 from gateway.quorum import scripts
 from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch, handover_key
 from gateway.quorum.members import Group, client_for, group_of, groups_for, node_client_for, split
+from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE, Reply
 
 logger = logging.getLogger(__name__)
@@ -98,31 +99,6 @@ Planned = list[tuple[Call, Sequence[int]]]
 # (MOVED, a subclass of ASK), a failover or resharding under way (TRYAGAIN,
 # CLUSTERDOWN): sent again through the cluster client, which knows what to do.
 _MISPLACED = (AskError, TryAgainError, ClusterDownError)
-
-
-# RELEASE's reply per mark (scripts.RELEASE); `RELEASED` count towards a release.
-HELD_BY_ANOTHER, RELEASED_NOW, RELEASED_BEFORE, NO_LIVE_MARK = 0, 1, 2, 3
-RELEASED = (RELEASED_NOW, RELEASED_BEFORE)
-# HANDOVER's reply per mark (scripts.HANDOVER); `MOVED` count as this command's move.
-(NOT_OURS, HANDED_OVER_NOW, HANDED_OVER_BEFORE, HANDED_OVER_BY_ANOTHER_COPY, EFFECT_DONE,
- HELD_BY_LATER_ATTEMPT) = range(6)  # fmt: skip
-MOVED = (HANDED_OVER_NOW, HANDED_OVER_BEFORE)
-
-
-@dataclass(frozen=True)
-class Handover:
-    """One failure command's handover of a mark (scripts.HANDOVER)."""
-
-    digest: bytes
-    failed: str  # the token the failed attempt held
-    next: str  # the next attempt's token, or the dead-letter token
-    ref: str  # the command delivery's coordinates, noted with the handover
-    # The same source record's earlier attempts' tokens: a member still holding one
-    # missed a handover the majority made, and is handed over too.
-    earlier: Sequence[str] = ()
-    # Its later attempts' tokens and the dead letter's: a member holding one shows
-    # that the command is stale.
-    later: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

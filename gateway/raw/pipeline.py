@@ -27,13 +27,12 @@ from gateway.contract.records import (
     quarantine_record,
     source_ref,
 )
-from gateway.contract.tokens import owner_tokens
+from gateway.contract.tokens import mark_digest, owner_tokens
 from gateway.delay.coalescer import Coalescer
 from gateway.delay.router import Router
 from gateway.errors import BadRecord
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
 from gateway.rules.ids import build_extractor

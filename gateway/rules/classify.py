@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from aiokafka import TopicPartition
 
@@ -17,8 +17,10 @@ from gateway.contract.records import (
     clean_rows,
 )
 from gateway.errors import BadRecord
-from gateway.kafka.sink import Prepared
 from gateway.rules.vote import Outcome
+
+if TYPE_CHECKING:  # only the type of the produce batches a Decided carries
+    from gateway.kafka.sink import Prepared
 
 Policy = Literal["block", "forward", "drop"]
 

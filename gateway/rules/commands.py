@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gateway.contract.commands import Command
-from gateway.contract.tokens import dead_token, owner_token
-from gateway.quorum.keys import mark_digest
-from gateway.quorum.quorum import (
+from gateway.contract.replies import (
     EFFECT_DONE,
     HANDED_OVER_BY_ANOTHER_COPY,
     HELD_BY_LATER_ATTEMPT,
@@ -15,8 +14,24 @@ from gateway.quorum.quorum import (
     NO_LIVE_MARK,
     RELEASED,
     RELEASED_NOW,
-    Handover,
 )
+from gateway.contract.tokens import dead_token, mark_digest, owner_token
+
+
+@dataclass(frozen=True)
+class Handover:
+    """One failure command's handover of a mark (scripts.HANDOVER)."""
+
+    digest: bytes
+    failed: str  # the token the failed attempt held
+    next: str  # the next attempt's token, or the dead-letter token
+    ref: str  # the command delivery's coordinates, noted with the handover
+    # The same source record's earlier attempts' tokens: a member still holding one
+    # missed a handover the majority made, and is handed over too.
+    earlier: Sequence[str] = ()
+    # Its later attempts' tokens and the dead letter's: a member holding one shows
+    # that the command is stale.
+    later: Sequence[str] = ()
 
 
 def handover_decision(answers: Sequence[int], majority: int) -> str:

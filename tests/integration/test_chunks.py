@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from devtools.harness import counter_value
 from gateway import sizing
 from gateway.config import ConfigError, KafkaSettings, load_settings
-from gateway.quorum.keys import mark_digest
+from gateway.contract.tokens import mark_digest
 from gateway.rules.vote import MINE
 from tests.integration.redis_marks import alone
 

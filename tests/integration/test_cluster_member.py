@@ -26,13 +26,13 @@ from devtools.localstack import ManagedProcess, RedisClusterProcesses
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import Settings, load_settings
-from gateway.contract.tokens import owner_token
+from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics, total
 from gateway.ops.pause import set_paused
 from gateway.ops.rebuild import rebuild
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.members import group_of
-from gateway.quorum.quorum import Handover, Quorum
+from gateway.quorum.quorum import Quorum
+from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE
 from tests.conftest import redis_urls
 

@@ -24,9 +24,9 @@ from devtools.harness import (
 )
 from devtools.topics import wait_committed
 from gateway.config import Settings
+from gateway.contract.tokens import mark_digest
 from gateway.delay.coalescer import now_ms, version
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.test_delay import TIERS, create_all, poll, reading

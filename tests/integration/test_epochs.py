@@ -16,12 +16,14 @@ import redis.asyncio as aioredis
 from devtools.harness import Topics, eventually, make_settings, running
 from devtools.localstack import ManagedProcess
 from gateway.config import Settings, load_settings
+from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.ops.rebuild import rebuild
 from gateway.quorum import scripts
-from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, mark_digest
-from gateway.quorum.quorum import Handover, Quorum
+from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED
+from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
+from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE, Outcome
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, epoch_on, owners_on

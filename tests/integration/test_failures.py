@@ -23,11 +23,11 @@ from devtools.harness import (
 from devtools.localstack import free_port, tansu_broker
 from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
+from gateway.contract.tokens import mark_digest
 from gateway.failures.fetch_back import RawFetcher
 from gateway.failures.loop import FailureLoop
 from gateway.kafka.clients import build_consumer, build_producer
 from gateway.metrics import Metrics, total
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import owners_on

@@ -13,10 +13,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.config import load_settings
-from gateway.contract.tokens import owner_token
+from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
-from gateway.quorum.quorum import Handover, MarkView, Quorum
+from gateway.quorum.quorum import MarkView, Quorum
+from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE
 from tests.conftest import redis_urls
 

@@ -21,8 +21,8 @@ from devtools.harness import (
 )
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.cli import main
+from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 

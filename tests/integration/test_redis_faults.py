@@ -16,8 +16,8 @@ from devtools.harness import (
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import Settings
+from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import owners_on

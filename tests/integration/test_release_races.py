@@ -16,8 +16,8 @@ import pytest
 
 from devtools.localstack import ManagedProcess
 from gateway.config import load_settings
+from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.vote import Outcome

@@ -12,8 +12,8 @@ from devtools.harness import Topics, clean_ids, counter_value, eventually, make_
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import load_settings
+from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, owners_on

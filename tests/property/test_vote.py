@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devtools.harness import Topics, make_settings
+from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
-from gateway.quorum.keys import mark_digest
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.vote import MINE, Decision, Outcome, decide
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.contract.commands import Command
-from gateway.contract.tokens import dead_token, owner_token
-from gateway.quorum.keys import mark_digest
+from gateway.contract.tokens import dead_token, mark_digest, owner_token
 from gateway.rules.commands import handover_decision, handover_of, release_decision
 
 

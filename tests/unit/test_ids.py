@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.contract.records import parse_source_ref, source_ref
-from gateway.contract.tokens import owner_token
+from gateway.contract.tokens import DIGEST_BYTES, mark_digest, owner_token
 from gateway.errors import BadRecord
-from gateway.quorum.keys import DIGEST_BYTES, mark_digest
 from gateway.rules.ids import build_extractor
 
 

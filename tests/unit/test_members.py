@@ -6,8 +6,8 @@ from collections import Counter
 
 from pydantic import TypeAdapter
 
+from gateway.contract.tokens import mark_digest
 from gateway.member_urls import MemberUrl, masked, member_name
-from gateway.quorum.keys import mark_digest
 from gateway.quorum.members import group_of, groups_for, split
 
 URL = TypeAdapter(MemberUrl)
