@@ -41,16 +41,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import time
-from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from gateway.config import ConfigError, Settings
 from gateway.contract.records import (
@@ -65,6 +63,14 @@ from gateway.contract.records import (
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.coalescer import Verdict, now_ms
 from gateway.kafka.clients import build_consumer, stop_within, unless_stopped
+from gateway.kafka.offsets import (
+    DueQueue,
+    OffsetBook,
+    PartitionOffsets,
+    Rebalance,
+    RevocationGuard,
+    fetch_past_bad_headers,
+)
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.rules.tiers import (
@@ -75,6 +81,7 @@ from gateway.rules.tiers import (
     pick_tier,
     tier_topics,
 )
+from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +99,6 @@ class _Held:
     """A tier record in memory until its next step."""
 
     step_ms: int
-    seq: int
     record: Record = field(compare=False)
     due_ms: int = field(compare=False)
     size: int = field(compare=False)
@@ -101,20 +107,11 @@ class _Held:
 
 
 @dataclass(slots=True)
-class _Partition:
-    """What the loop took from one tier partition and has not yet committed."""
+class _Partition(PartitionOffsets):
+    """What the loop took from one tier partition (`taken`: held in memory; `moved`:
+    moved on and acknowledged) and has not yet committed."""
 
-    taken: deque[int] = field(default_factory=deque)  # offsets in memory, in order
-    moved: set[int] = field(default_factory=set)  # moved, but behind one still taken
-    next_offset: int | None = None  # first offset not taken
-    committed: int | None = None
     resume_at_ms: int | None = None  # paused until then
-
-    def commit_point(self) -> int | None:
-        """The first offset not yet moved and acknowledged (what may be committed)."""
-        while self.taken and self.taken[0] in self.moved:
-            self.moved.discard(self.taken.popleft())
-        return self.taken[0] if self.taken else self.next_offset
 
 
 class DelayLoop:
@@ -132,20 +129,26 @@ class DelayLoop:
         self.consumer = consumer
         self.sink = sink
         self.metrics = metrics
+        self.kafka = settings.kafka
         self.clean_topic = settings.kafka.clean_topic
         self.quarantine_topic = settings.kafka.quarantine_topic
         self.max_bytes = settings.kafka.max_request_bytes
         self.tiers = Tiers(settings)
         self.lead_ms = self.tiers.ms[0]
         self.lock = asyncio.Lock()  # a step (move, ack, commit) against a rebalance
-        self.held: list[_Held] = []  # a heap by next step
+        self.held: DueQueue[_Held] = DueQueue()  # by next step
         self.held_bytes = 0
-        self.parts: dict[TopicPartition, _Partition] = {}
-        self._seq = 0
+        self.book: OffsetBook[_Partition] = OffsetBook(_Partition)
+        self.guard = RevocationGuard()  # a batch fetched before a revoke is stale
         self._report_due = 0.0
 
+    @property
+    def parts(self) -> dict[TopicPartition, _Partition]:
+        return self.book.parts
+
     def listener(self) -> ConsumerRebalanceListener:
-        return _ForgetRevoked(self)
+        # A revoke waits for a step in progress: its moves are acknowledged and committed first.
+        return Rebalance("delay tier partitions", self.lock, self.guard, self.forget)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take, step and commit until `stop`; then `drain`."""
@@ -154,18 +157,27 @@ class DelayLoop:
             now = now_ms()
             self._resume(now)
             wait = FETCH_TIMEOUT_MS
-            if self.held:
-                wait = max(0, min(wait, self.held[0].step_ms - now))
+            if (first := self.held.next_at()) is not None:
+                wait = max(0, min(wait, int(first) - now))
             room = max(1, MAX_HELD - len(self.held))
-            fetched = await unless_stopped(
-                consumer.getmany(timeout_ms=wait, max_records=room), stop
-            )
+            try:
+                fetched = await unless_stopped(
+                    consumer.getmany(timeout_ms=wait, max_records=room), stop
+                )
+            except UnicodeDecodeError as exc:  # a header name (gateway/kafka/salvage.py)
+                await self._salvage(exc, room, stop)
+                continue
             if fetched is None:
                 break
-            batch = fetched
+            self.guard.fetched()
             async with self.lock:
+                if self.guard.stale():
+                    # A revoke ran between the fetch and the lock: each partition reads
+                    # again from its committed offset (or moved to another gateway).
+                    logger.info("tier records fetched before a rebalance are left to be read again")
+                    continue
                 now = now_ms()
-                for tp, records in batch.items():
+                for tp, records in fetched.items():
                     self._take(tp, records, now)
                 await self._step(now_ms())
             self._report()
@@ -176,37 +188,73 @@ class DelayLoop:
         smallest tiers (at most `STOP_DRAIN_MS`), so a restart repeats few moves."""
         self.consumer.pause(*self.consumer.assignment())
         deadline = now_ms() + min(STOP_DRAIN_MS, 2 * self.lead_ms)
-        while self.held and self.held[0].step_ms <= deadline:
-            await asyncio.sleep(max(0, self.held[0].step_ms - now_ms()) / 1000)  # its time
+        while (first := self.held.next_at()) is not None and first <= deadline:
+            await asyncio.sleep(max(0, first - now_ms()) / 1000)  # its time
             async with self.lock:
                 await self._step(now_ms())
 
     def _full(self) -> bool:
         return len(self.held) >= MAX_HELD or self.held_bytes >= MAX_HELD_BYTES
 
-    def _take(self, tp: TopicPartition, records: Sequence[Record], now: int) -> None:
-        """Hold the records whose step is within the lead; pause at the first that is not."""
+    def _take(
+        self,
+        tp: TopicPartition,
+        records: Sequence[Record],
+        now: int,
+        bad_headers: Mapping[int, int] | None = None,
+    ) -> bool:
+        """Hold the records whose step is within the lead; pause at the first that is not
+        (False). `bad_headers`: offsets of records read leniently, with how many header
+        names that are not UTF-8 were dropped from each (they are quarantined)."""
         if tp not in self.consumer.assignment():
-            return  # revoked while fetched: its new owner reads it from the commit
-        part = self.parts.setdefault(tp, _Partition())
+            return False  # revoked while fetched: its new owner reads it from the commit
+        part = self.book.of(tp)
         tier_ms = self.tiers.ms[self.tiers.by_topic[tp.topic]]
         for rec in records:
             if self._full():
                 self._pause(tp, part, rec.offset, now + FULL_RETRY_MS)
-                return
-            held = self._held(rec, tier_ms)
+                return False
+            if bad_headers and rec.offset in bad_headers:
+                problem = f"{bad_headers[rec.offset]} header name(s) not UTF-8, dropped"
+                held = _Held(0, rec, 0, _size(rec), f"bad_tier_record: {problem}")
+            else:
+                held = self._held(rec, tier_ms)
             if held.step_ms - now > self.lead_ms:
                 resume = min(held.step_ms - self.lead_ms, now + PEEK_EVERY_MS)
                 self._pause(tp, part, rec.offset, resume)
-                return
-            heapq.heappush(self.held, held)
+                return False
+            self.held.push(held.step_ms, held)
             self.held_bytes += held.size
-            part.taken.append(rec.offset)
+            part.take(rec.offset)
             part.next_offset = rec.offset + 1
+        return True
+
+    async def _salvage(self, error: UnicodeDecodeError, room: int, stop: asyncio.Event) -> None:
+        """Get past tier records aiokafka cannot parse: each is quarantined as a
+        `bad_tier_record`, the records around it taken as usual."""
+        logger.warning("a delay tier record cannot be parsed (%s): reading past it", error)
+
+        def where(tp: TopicPartition) -> int | None:
+            part = self.book.parts.get(tp)
+            return part.next_offset if part is not None else None
+
+        async with self.lock:
+            found = await fetch_past_bad_headers(self.consumer, self.kafka, room, where)
+            bad = {tp: f for tp, f in (found or {}).items() if f.bad}
+            now = now_ms()
+            for tp, f in bad.items():
+                records = sorted([*f.records, *(r for r, _ in f.bad)], key=lambda r: r.offset)
+                if self._take(tp, records, now, {r.offset: n for r, n in f.bad}):
+                    # aiokafka cannot read the rest of that batch: read on after it.
+                    self.book.of(tp).next_offset = f.next_offset
+                    self.consumer.seek(tp, f.next_offset)
+            if bad:
+                await self._step(now_ms())
+        if not bad:  # unreadable now, or moved meanwhile (a rebalance): the next fetch tells
+            await wait_or_stop(stop, FETCH_TIMEOUT_MS / 1000)
 
     def _held(self, rec: Record, tier_ms: int) -> _Held:
-        self._seq += 1
-        size = len(rec.key or b"") + len(rec.value or b"") + sum(len(v) for _, v in rec.headers)
+        size = _size(rec)
         try:
             due = _int_header(rec.headers, H_DELIVER_AT)
             step = next_step_ms(_int_header(rec.headers, H_TIER_AT), tier_ms, due)
@@ -215,8 +263,8 @@ class DelayLoop:
                 raise ValueError("a coalesced record, but [coalesce] is not enabled here")
         except ValueError as exc:
             # Not written by a gateway: set it aside now rather than stop the tier.
-            return _Held(0, self._seq, rec, 0, size, f"bad_tier_record: {exc}")
-        return _Held(step, self._seq, rec, due, size, window=window)
+            return _Held(0, rec, 0, size, f"bad_tier_record: {exc}")
+        return _Held(step, rec, due, size, window=window)
 
     def _pause(self, tp: TopicPartition, part: _Partition, offset: int, until_ms: int) -> None:
         # Seek too: records of this partition already fetched stay buffered otherwise.
@@ -239,8 +287,7 @@ class DelayLoop:
         stepped: list[_Held] = []
         to_clean: list[_Held] = []
         closing: list[_Held] = []
-        while self.held and self.held[0].step_ms <= now:
-            held = heapq.heappop(self.held)
+        while (held := self.held.pop_due(now)) is not None:
             rec = held.record
             if held.problem is not None:
                 moves[self.quarantine_topic].append(self._quarantined(rec, held.problem))
@@ -252,7 +299,7 @@ class DelayLoop:
                 to_clean.append(held)
             elif (tier := pick_tier(held.due_ms - now, self.tiers.ms)) is None:
                 held.step_ms = held.due_ms  # less than any tier left: wait here
-                heapq.heappush(self.held, held)
+                self.held.push(held.step_ms, held)
                 continue
             else:
                 moves[self.tiers.topics[tier]].append(_copy(rec, tier_at_ms=now))
@@ -318,7 +365,7 @@ class DelayLoop:
                 )  # fmt: skip
             else:  # soon, or no majority answered: held here until then
                 held.due_ms = held.step_ms = decided.close_ms
-                heapq.heappush(self.held, held)
+                self.held.push(held.step_ms, held)
                 continue
             stepped.append(held)
         return emitted
@@ -328,22 +375,8 @@ class DelayLoop:
         await asyncio.gather(*futures)
 
     async def _commit(self) -> None:
-        assigned = self.consumer.assignment()
-        offsets = {}
-        for tp, part in self.parts.items():
-            point = part.commit_point()
-            if tp in assigned and point is not None and point != part.committed:
-                offsets[tp] = point
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # The partitions moved on; their new owner replays the moves (same tokens).
-            logger.warning("delay tier commit failed after a rebalance: %s", exc)
-            return
-        for tp, point in offsets.items():
-            self.parts[tp].committed = point
+        # A partition that moved on: its new owner replays the moves (same tokens).
+        await self.book.commit(self.consumer, "delay tier")
 
     def _quarantined(self, rec: Record, problem: str) -> OutRecord:
         self.metrics.quarantined.labels("bad_tier_record").inc()
@@ -373,12 +406,13 @@ class DelayLoop:
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
         """Revoked partitions: drop what was taken from them (the new owner replays it)."""
         gone = set(partitions)
-        for tp in gone:
-            self.parts.pop(tp, None)
-        kept = [h for h in self.held if (h.record.topic, h.record.partition) not in gone]
-        self.held_bytes -= sum(h.size for h in self.held) - sum(h.size for h in kept)
-        heapq.heapify(kept)
-        self.held = kept
+        self.book.forget(gone)
+        dropped = self.held.drop(lambda h: (h.record.topic, h.record.partition) in gone)
+        self.held_bytes -= sum(h.size for h in dropped)
+
+
+def _size(rec: Record) -> int:
+    return len(rec.key or b"") + len(rec.value or b"") + sum(len(v) for _, v in rec.headers)
 
 
 def _copy(rec: Record, tier_at_ms: int | None) -> OutRecord:
@@ -386,20 +420,6 @@ def _copy(rec: Record, tier_at_ms: int | None) -> OutRecord:
     entry time replaced (another tier) or dropped (the clean topic)."""
     headers = _replace_tier_at(rec.headers, tier_at_ms)
     return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
-
-
-class _ForgetRevoked(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, loop: DelayLoop) -> None:
-        self.loop = loop
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # Wait for a step in progress: its moves are acknowledged and committed first.
-        async with self.loop.lock:
-            self.loop.forget(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        if assigned:
-            logger.info("delay tier partitions assigned: %s", sorted(map(str, assigned)))
 
 
 async def start_delay_loop(

@@ -35,14 +35,12 @@ holding the partition's commits back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import heapq
 import json
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
@@ -63,6 +61,15 @@ from gateway.contract.tokens import dead_token, mark_digest, owner_token
 from gateway.errors import BadRecord, InvalidCommand, RawFetchError
 from gateway.failures.fetch_back import Absent, RawFetcher
 from gateway.kafka.clients import unless_stopped
+from gateway.kafka.offsets import (
+    DueQueue,
+    OffsetBook,
+    PartitionOffsets,
+    Rebalance,
+    RevocationGuard,
+    fetch_past_bad_headers,
+)
+from gateway.kafka.salvage import Salvaged
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import (
@@ -72,6 +79,7 @@ from gateway.rules.backoff import backoff_delay
 from gateway.rules.commands import handover_decision, handover_of, release_decision
 from gateway.rules.ids import build_extractor
 from gateway.rules.lanes import lane_headers
+from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 
@@ -80,31 +88,27 @@ FETCH_TIMEOUT_MS = 200
 COMMIT_TIMEOUT_S = 5.0  # a commit the broker does not answer is retried on the next pass
 
 
-@dataclass
-class _Partition:
-    """What the loop holds for one assigned failure-topic partition.
+@dataclass(slots=True)
+class _Partition(PartitionOffsets):
+    """What the loop holds for one assigned failure-topic partition: the commands whose
+    effect is scheduled are `taken`, `moved` once done; `next_offset` is after the last
+    command handled."""
 
-    Replaced when the partition is revoked: work started before then still
-    points at the old object, which is how it knows it is no longer ours.
-    """
-
-    pending: set[int] = field(default_factory=set)  # commands whose effect is scheduled
-    next_offset: int | None = None  # after the last command handled
     # Below it, invalid commands were counted and logged already: a partition that
     # waits for a majority reads them again at every retry.
     reported_upto: int = 0
 
 
-@dataclass(order=True)
+@dataclass
 class _Due:
-    at: float
-    seq: int
-    command: Command = field(compare=False)
-    tp: TopicPartition = field(compare=False)
-    offset: int = field(compare=False)
-    dead: bool = field(compare=False)
-    owner: _Partition = field(compare=False)
-    fetch_failures: int = field(default=0, compare=False)
+    """A retry or dead letter scheduled after its command's handover."""
+
+    command: Command
+    tp: TopicPartition
+    offset: int
+    dead: bool
+    owner: _Partition
+    fetch_failures: int = 0
 
 
 class FailureLoop:
@@ -119,9 +123,9 @@ class FailureLoop:
         self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
         self.raw_topics = frozenset(settings.kafka.raw_topics)
         self.lane_extra = lane_headers(settings)  # a retry keeps its lane's header and topic
-        self.due: list[_Due] = []
-        self.partitions: dict[TopicPartition, _Partition] = {}
-        self._seq = 0
+        self.due: DueQueue[_Due] = DueQueue()  # by time.monotonic()
+        self.book: OffsetBook[_Partition] = OffsetBook(_Partition)
+        self.guard = RevocationGuard()
         self._committing: asyncio.Future[None] | None = None  # the last offset commit
 
     async def run(
@@ -132,34 +136,84 @@ class FailureLoop:
             if len(self.due) >= MAX_PENDING:
                 await asyncio.sleep(FETCH_TIMEOUT_MS / 1000)  # let scheduled retries drain first
                 continue
-            fetched = await unless_stopped(
-                commands.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=500), stop
-            )
+            try:
+                fetched = await unless_stopped(
+                    commands.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=500), stop
+                )
+            except UnicodeDecodeError as exc:  # a header name (gateway/kafka/salvage.py)
+                await self._salvage(commands, exc, stop)
+                await self._commit(commands)
+                continue
             if fetched is None:
                 break
-            batch = fetched
-            for tp, records in batch.items():
-                part = self.partitions.setdefault(tp, _Partition())
+            self.guard.fetched()
+            for tp, records in fetched.items():
+                if self.guard.stale():  # revoked since: read again from the commits, or moved
+                    break
+                part = self.book.of(tp)
                 rewind = await self.handle(tp, part, records)
-                # Only while the partition is still ours: after a rebalance its new
-                # position is the committed offset, and seeking on would skip commands.
-                # Checked with no await before the seek: it cannot be revoked in between.
-                if rewind is not None and self._owns(tp, part, commands):
-                    # No majority: retry this command later.
-                    commands.seek(tp, rewind)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(
-                            stop.wait(), self.failures.backoff_initial.total_seconds()
-                        )
+                await self._rewind(commands, tp, part, rewind, stop)
             await self._commit(commands)
 
+    async def _rewind(
+        self,
+        commands: AIOKafkaConsumer,
+        tp: TopicPartition,
+        part: _Partition,
+        rewind: int | None,
+        stop: asyncio.Event,
+    ) -> None:
+        """No majority: the partition reads its undecided command again after a pause.
+        Only while the partition is still ours: after a rebalance its new position is
+        the committed offset, and seeking on would skip commands. Checked with no await
+        before the seek: it cannot be revoked in between."""
+        if rewind is not None and self.book.owns(commands, tp, part):
+            commands.seek(tp, rewind)
+            await wait_or_stop(stop, self.failures.backoff_initial.total_seconds())
+
+    async def _salvage(
+        self, commands: AIOKafkaConsumer, error: UnicodeDecodeError, stop: asyncio.Event
+    ) -> None:
+        """Get past commands aiokafka cannot parse: each is skipped as invalid
+        (`bad_header`), the commands around it handled as usual."""
+        logger.warning("a failure command cannot be parsed (%s): reading past it", error)
+
+        def where(tp: TopicPartition) -> int | None:
+            part = self.book.parts.get(tp)
+            return part.next_offset if part is not None else None
+
+        found = await fetch_past_bad_headers(commands, self.settings.kafka, 500, where)
+        bad = {tp: f for tp, f in (found or {}).items() if f.bad}
+        if not bad:  # unreadable now, or moved meanwhile (a rebalance): the next fetch tells
+            await wait_or_stop(stop, self.failures.backoff_initial.total_seconds())
+            return
+        for tp, f in bad.items():
+            part = self.book.of(tp)
+            rewind = await self.handle(tp, part, _in_order(f), {r.offset: n for r, n in f.bad})
+            if rewind is None and self.book.owns(commands, tp, part):
+                # aiokafka cannot read the rest of that batch: read on after it.
+                part.next_offset = f.next_offset
+                commands.seek(tp, f.next_offset)
+            await self._rewind(commands, tp, part, rewind, stop)
+
     async def handle(
-        self, tp: TopicPartition, part: _Partition, records: Sequence[Record]
+        self,
+        tp: TopicPartition,
+        part: _Partition,
+        records: Sequence[Record],
+        bad_headers: Mapping[int, int] | None = None,
     ) -> int | None:
-        """Act on one partition's commands in order; the offset to rewind to, if undecided."""
+        """Act on one partition's commands in order; the offset to rewind to, if undecided.
+        `bad_headers`: offsets of records read leniently, with how many header names
+        that are not UTF-8 were dropped from each (they are skipped as invalid)."""
         valid: list[tuple[Record, Command]] = []
         for rec in records:
             new = rec.offset >= part.reported_upto
+            if bad_headers and rec.offset in bad_headers:
+                if new:
+                    dropped = bad_headers[rec.offset]
+                    self._invalid(rec, "bad_header", f"{dropped} header name(s) not UTF-8")
+                continue
             try:
                 cmd = parse_command(rec)
             except InvalidCommand as exc:
@@ -233,7 +287,7 @@ class FailureLoop:
                 self.metrics.releases.labels("released").inc()
                 dead = cmd.attempt >= self.failures.max_attempts
                 delay = 0.0 if dead else self._backoff(cmd.attempt)
-                self._schedule(_Due(now + delay, self._next_seq(), cmd, tp, rec.offset, dead, part))
+                self._schedule(now + delay, _Due(cmd, tp, rec.offset, dead, part))
             elif decision == "skip":
                 self.metrics.releases.labels("stale").inc()
                 logger.info(
@@ -251,25 +305,16 @@ class FailureLoop:
             attempt,
         )
 
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _schedule(self, due: _Due) -> None:
-        heapq.heappush(self.due, due)
-        due.owner.pending.add(due.offset)
-
-    def _owns(self, tp: TopicPartition, part: _Partition, commands: AIOKafkaConsumer) -> bool:
-        """Whether `part` is still this loop's state of `tp`, which is still assigned."""
-        return self.partitions.get(tp) is part and tp in commands.assignment()
+    def _schedule(self, at: float, due: _Due) -> None:
+        self.due.push(at, due)
+        due.owner.take(due.offset)
 
     def _ours(self, due: _Due) -> bool:
         """False once the due's command partition was revoked (its new owner redoes it)."""
-        return self.partitions.get(due.tp) is due.owner
+        return self.book.parts.get(due.tp) is due.owner
 
     async def _run_due(self, fetcher: RawFetcher, stop: asyncio.Event) -> None:
-        while self.due and self.due[0].at <= time.monotonic() and not stop.is_set():
-            due = heapq.heappop(self.due)
+        while not stop.is_set() and (due := self.due.pop_due(time.monotonic())) is not None:
             if not self._ours(due):
                 continue
             try:
@@ -281,18 +326,13 @@ class FailureLoop:
                     raise
                 self._later(due, exc)
                 return  # the broker is slow or away: let the command loop run before the next
-            due.owner.pending.discard(due.offset)
+            due.owner.moved.add(due.offset)
 
     def _later(self, due: _Due, exc: Exception) -> None:
         """Reschedule a retry the broker could not serve now; its command stays pending."""
         failures = due.fetch_failures + 1
         delay = self._backoff(failures)
-        heapq.heappush(
-            self.due,
-            replace(
-                due, at=time.monotonic() + delay, seq=self._next_seq(), fetch_failures=failures
-            ),
-        )
+        self.due.push(time.monotonic() + delay, replace(due, fetch_failures=failures))
         cmd = due.command
         logger.warning(
             "%s of %s (%s) not done, trying again in %.1fs: %s",
@@ -359,16 +399,11 @@ class FailureLoop:
             await fut
 
     def listener(self) -> ConsumerRebalanceListener:
-        return _ForgetRevoked(self)
+        return Rebalance("failure-topic partitions", None, self.guard, self.forget)
 
     async def _commit(self, commands: AIOKafkaConsumer) -> None:
         """Commit up to the oldest command whose effect is still scheduled."""
-        offsets = {}
-        assigned = commands.assignment()
-        for tp, part in self.partitions.items():
-            if tp not in assigned or part.next_offset is None:
-                continue
-            offsets[tp] = min(part.pending) if part.pending else part.next_offset
+        offsets = self.book.due_commits(commands)
         if not offsets:
             return
         if self._committing is not None and not self._committing.done():
@@ -387,15 +422,14 @@ class FailureLoop:
                 COMMIT_TIMEOUT_S, extra={"commit": where},
             )  # fmt: skip
             return
-        _commit_done(where, task)
+        if _commit_done(where, task):
+            self.book.committed(offsets)
 
     def forget(self, partitions: set[TopicPartition]) -> None:
         """Revoked command partitions: their scheduled effects go with them (the new
         owner replays the uncommitted commands and redoes them)."""
-        self.due = [d for d in self.due if d.tp not in partitions]
-        heapq.heapify(self.due)
-        for tp in partitions:
-            self.partitions.pop(tp, None)
+        self.due.drop(lambda due: due.tp in partitions)
+        self.book.forget(partitions)
 
     def _invalid(self, command: Record | Command, reason: str, detail: str) -> None:
         """Count and log a command that is skipped, naming where it is on the failure
@@ -417,25 +451,21 @@ def _fields(cmd: Command) -> dict[str, str | int]:
     return {**coordinates(cmd.topic, cmd.partition, cmd.offset), "command": cmd.ref}
 
 
-def _commit_done(where: dict[str, int], task: asyncio.Future[None]) -> None:
-    """Log a failed command-offset commit (its exception retrieved, never left unobserved)."""
-    if task.cancelled() or (exc := task.exception()) is None:
-        return
+def _in_order(found: Salvaged) -> list[Record]:
+    """A lenient read's records, good and bad, in offset order."""
+    return sorted([*found.records, *(rec for rec, _ in found.bad)], key=lambda r: r.offset)
+
+
+def _commit_done(where: dict[str, int], task: asyncio.Future[None]) -> bool:
+    """Log a failed command-offset commit (its exception retrieved, never left
+    unobserved); True when it succeeded."""
+    if task.cancelled():
+        return False
+    if (exc := task.exception()) is None:
+        return True
     # Revoked meanwhile (CommitFailedError, IllegalStateError), or a broker error:
     # the next pass commits again, or the new owner replays the commands.
     logger.warning(
         "failure-topic commit failed, left for the next pass: %r", exc, extra={"commit": where}
     )
-
-
-class _ForgetRevoked(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Failure-topic partitions that move: drop their scheduled effects here."""
-
-    def __init__(self, failures: FailureLoop) -> None:
-        self.failures = failures
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.failures.forget(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
+    return False

@@ -44,7 +44,6 @@ Connection, timeout and response errors are told apart in the metrics.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -79,6 +78,7 @@ from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch, handover
 from gateway.quorum.members import Group, client_for, group_of, groups_for, node_client_for, split
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE, Reply
+from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 _CLOSED_TRANSPORT = "unable to perform operation on"  # uvloop: the handle is closed
@@ -240,16 +240,14 @@ class Quorum:
                 "waiting for a Redis majority (%d of %d); unreachable: %s",
                 self.majority, self.size, ", ".join(down), extra=names,
             )  # fmt: skip
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), retry_s)
+            await wait_or_stop(stop, retry_s)
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Until `stop`: every `[redis] ping_interval`, `check` every instance. Without
         it, up/down and trust would change only when a batch flows."""
         while not stop.is_set():
             await self.check()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.ping_interval)
+            await wait_or_stop(stop, self.ping_interval)
 
     async def check(self) -> None:
         """Read every instance's epoch (which pings it), then send queued fills to

@@ -26,7 +26,6 @@ normally the higher lane's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -38,6 +37,7 @@ from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.raw.blocking import BlockedPartitions
 from gateway.rules.lanes import plan
+from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +115,7 @@ class LaneScheduler:
     async def run(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         """Read every lane's group-wide lag every LAG_EVERY_S until `stop`."""
         while self.active and not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), LAG_EVERY_S)
+            await wait_or_stop(stop, LAG_EVERY_S)
             try:
                 await self.read_lag(consumer)
             except (KafkaError, OSError, TimeoutError) as exc:

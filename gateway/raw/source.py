@@ -31,12 +31,14 @@ import time
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
-from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError
 
 from gateway.errors import BadRecord
-from gateway.kafka.clients import aiokafka_options, unless_stopped
-from gateway.kafka.salvage import read_leniently
+from gateway.kafka.clients import unless_stopped
+from gateway.kafka.offsets import (
+    Rebalance,
+    RevocationGuard,
+    fetch_past_bad_headers,
+)
 from gateway.metrics import Metrics
 from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.checkpoint import Checkpoint
@@ -44,6 +46,7 @@ from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline, Voting
 from gateway.rules.backoff import backoff_delay
 from gateway.rules.classify import Decided
+from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +76,28 @@ class RawSource:
         self.checkpoint = Checkpoint(consumer)
         self.batch_lock = asyncio.Lock()
         self.claiming: Voting | None = None  # the batch whose ids are being claimed
-        self.revocations = 0  # revoke callbacks run so far: a batch fetched before one is stale
-        self._fetched_after = 0  # `revocations` when the last fetch returned
+        self.guard = RevocationGuard()  # a batch fetched before a revoke is stale
         self._salvage_failures = 0  # salvages in a row that found nothing to get past
         self.batches = 0
         self._lag_due = 0.0
 
     def listener(self) -> ConsumerRebalanceListener:
-        return _DrainOnRevoke(self)
+        # A revoke waits for the batches in hand: they are forwarded and committed
+        # before the partitions move, so the next owner neither loses nor repeats them.
+        return Rebalance(
+            "partitions", self.batch_lock, self.guard, self._revoked, self._settle, self._assigned
+        )
+
+    def _revoked(self, partitions: Iterable[TopicPartition]) -> None:
+        self.forget(partitions)  # looked up at the revoke: a test may wrap `forget`
+
+    async def _settle(self) -> None:
+        await self.hand_over(None)
+        await self.checkpoint.drain()
+
+    def _assigned(self) -> None:
+        if self.lanes is not None:  # hold lanes before the first fetch brings them
+            self.lanes.apply(self.consumer)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch, vote, forward, commit until `stop`; the batches in hand are finished first."""
@@ -107,7 +124,7 @@ class RawSource:
                         self._salvage_failures = 0
                     else:  # nothing lost: every partition was rewound to its commit
                         self._salvage_failures += 1
-                        await _wait(stop, backoff_delay(0.5, 30.0, self._salvage_failures))
+                        await wait_or_stop(stop, backoff_delay(0.5, 30.0, self._salvage_failures))
                     continue
                 if not batch:
                     if self.claiming is not None:  # nothing more yet: finish its vote
@@ -118,7 +135,7 @@ class RawSource:
                     await self._update_lag()
                     continue
                 async with self.batch_lock:
-                    if self.revocations != self._fetched_after:
+                    if self.guard.stale():
                         # A revoke ran between the fetch and the lock: each partition
                         # reads again from its committed offset (aiokafka resets every
                         # position on the assignment that follows), so this batch is
@@ -177,7 +194,7 @@ class RawSource:
             batch = await consumer.getmany(timeout_ms=wait_ms, max_records=most)
         # Read as getmany returns, no await between: a getmany that waited for a
         # rebalance returns records of the new assignment, which are not stale.
-        self._fetched_after = self.revocations
+        self.guard.fetched()
         return batch
 
     async def _salvage(self, error: UnicodeDecodeError, started: float) -> bool:
@@ -193,26 +210,12 @@ class RawSource:
         """
         consumer = self.consumer
         logger.warning("a raw record cannot be parsed (%s): reading past it", error)
-        await self.checkpoint.drain()
-        assigned = consumer.assignment()
-        for tp in assigned:
-            committed = await consumer.committed(tp)
-            if committed is None:  # nothing committed: it was read from the beginning
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, committed)
-        client = AIOKafkaClient(**aiokafka_options(self.pipeline.settings.kafka))
-        try:
-            await client.bootstrap()
-            found = {
-                tp: await read_leniently(client, tp, await consumer.position(tp), self.max_records)
-                for tp in sorted(assigned - consumer.paused())
-            }
-        except (KafkaError, OSError, TimeoutError) as exc:  # e.g. a leader election
-            logger.warning("reading past an unparseable raw record failed (%r): trying again", exc)
+        await self.checkpoint.drain()  # everything handed out is committed: read from there
+        found = await fetch_past_bad_headers(
+            consumer, self.pipeline.settings.kafka, self.max_records
+        )
+        if found is None:
             return False
-        finally:
-            await client.close()
         bad = {tp: f for tp, f in found.items() if f.bad}
         if not bad:  # moved or gone meanwhile (a rebalance): the next fetch tells
             logger.error(
@@ -268,32 +271,3 @@ class RawSource:
         for tp in partitions:
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
-
-
-class _DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, source: RawSource) -> None:
-        self.source = source
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # Wait for the batches in hand: they are forwarded and committed before
-        # the partitions move, so the next owner neither loses nor repeats them.
-        async with self.source.batch_lock:
-            await self.source.hand_over(None)
-            await self.source.checkpoint.drain()
-            self.source.forget(revoked)
-            self.source.revocations += 1
-        if revoked:
-            names = sorted(map(str, revoked))
-            logger.info("partitions revoked: %s", names, extra={"partitions": names})
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        if self.source.lanes is not None:  # hold lanes before the first fetch brings them
-            self.source.lanes.apply(self.source.consumer)
-        names = sorted(map(str, assigned))
-        logger.info("partitions assigned: %s", names, extra={"partitions": names})
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep `seconds`, or less when `stop` is set meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

@@ -30,6 +30,7 @@ from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
 from gateway.raw.source import RawSource
 from gateway.service.health import HealthServer
+from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 
@@ -153,5 +154,4 @@ class Gateway:
     async def _report_readiness(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.metrics.ready.set(1 if self.readiness()[0] else 0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), READINESS_EVERY_S)
+            await wait_or_stop(stop, READINESS_EVERY_S)

@@ -48,6 +48,7 @@ from gateway.config import Settings
 from gateway.metrics import MULTIPROC_ENV, PREFIX, SupervisorMetrics
 from gateway.rules.backoff import backoff_delay
 from gateway.service.health import HealthServer
+from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +150,7 @@ class Supervisor:
                 index, proc.pid, _status(code), delay,
             )  # fmt: skip
             self.metrics.worker_restarts.inc()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+            await wait_or_stop(stop, delay)
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         argv = [sys.executable, "-m", "gateway", "run"]

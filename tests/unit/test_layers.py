@@ -19,7 +19,7 @@ PACKAGE = Path(gateway.__file__).parent
 # units of one layer do not import each other unless SIDEWAYS allows it.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"sizing", "member_urls", "contract"},
+    {"sizing", "member_urls", "contract", "waits"},
     {"config"},
     {"rules"},
     {"logs", "metrics"},

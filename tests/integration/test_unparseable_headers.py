@@ -1,0 +1,94 @@
+"""A record whose header name is not UTF-8 on the failure topic or on a delay tier
+topic: aiokafka cannot parse it (its `getmany` raises, every time). It is set aside
+with a metric and a log line naming its coordinates, and the loop reads on; before,
+the whole gateway stopped, and every restart met the same record again."""
+
+from __future__ import annotations
+
+import logging
+
+from devtools.harness import (
+    Topics,
+    clean_ids,
+    counter_value,
+    eventually,
+    failure_command,
+    make_settings,
+    produce,
+    running,
+)
+from devtools.topics import create_topics, read_topic, wait_committed
+from gateway.contract.records import H_DELIVER_AT, H_ID, H_TIER_AT
+from gateway.delay.coalescer import now_ms
+from gateway.rules.tiers import tier_topics
+from tests.conftest import redis_urls
+from tests.integration.test_bad_input import batch_with_bad_header_name, produce_raw_batch
+
+
+def copy_of(message_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    return b"k", b"{}", [("message-id", message_id.encode())]
+
+
+async def test_a_failure_command_with_a_header_name_not_utf8_is_skipped_and_the_next_acted_on(
+    broker, redis_servers, names, caplog
+):
+    caplog.set_level(logging.INFO)
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)), failures={"mode": "release"}
+    )
+    async with running(settings) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [copy_of("m-1")])
+        (first,) = await read_topic(broker, topics.clean, min_records=1)
+        command = failure_command(first, "boom")
+        # The same command twice in one batch: the first with a header name that is not
+        # UTF-8 (skipped), the second as the Spark job writes it (acted on).
+        await produce_raw_batch(
+            broker, topics.failures, 0, batch_with_bad_header_name([command, command], bad=0)
+        )
+        await eventually(lambda: counter_value(m.releases, "released") == 1)
+        assert counter_value(m.invalid_commands, "bad_header") == 1
+        await wait_committed(broker, f"{topics.group}.failures", topics.failures, {0: 2})
+        # It keeps reading the failure topic.
+        await produce(broker, topics.failures, [failure_command(first, "late replay")])
+        await eventually(lambda: counter_value(m.releases, "stale") == 1)
+    assert f"invalid failure command at {topics.failures}/0/0 skipped (bad_header)" in caplog.text
+
+
+async def test_a_tier_record_with_a_header_name_not_utf8_is_quarantined_and_the_next_delivered(
+    broker, redis_servers, names, caplog
+):
+    caplog.set_level(logging.INFO)
+    topics = Topics(names)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(1)), delay={"enabled": True, "tiers": ["1s"]}
+    )
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    (tier,) = tier_topics(settings)
+    await create_topics(broker, {tier: 1})
+    now = str(now_ms()).encode()
+
+    def waiting(message_id: bytes) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+        """A tier record as a gateway writes it, due now."""
+        return message_id, b"v", [(H_ID, message_id), (H_DELIVER_AT, now), (H_TIER_AT, now)]
+
+    await produce_raw_batch(
+        broker, tier, 0, batch_with_bad_header_name([waiting(b"t-bad"), waiting(b"t-1")], bad=0)
+    )
+    async with running(settings) as gateway:
+        await eventually(lambda: counter_value(gateway.metrics.quarantined, "bad_tier_record") == 1)
+        await wait_committed(broker, f"{topics.group}.delay", tier, {0: 2})
+        # It keeps serving the tiers: a raw record asking for a delay is delivered.
+        await produce(broker, topics.raw, [(b"k", b"v", [("message-id", b"d-1"),
+                                                         ("deliver-after", b"1s")])])  # fmt: skip
+        await wait_committed(broker, f"{topics.group}.delay", tier, {0: 3})
+    assert await clean_ids(broker, topics.clean) == {"t-1": 1, "d-1": 1}
+    (quarantined,) = await read_topic(broker, topics.quarantine, min_records=1)
+    assert quarantined.key == b"t-bad"
+    assert (
+        dict(quarantined.headers)["dedup-error"]
+        == b"bad_tier_record: 1 header name(s) not UTF-8, dropped"
+    )
+    assert f"quarantined tier record {tier}/0/0: bad_tier_record" in caplog.text
