@@ -41,7 +41,9 @@ from gateway import sizing
 from gateway.config import Settings, load_settings
 from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum.quorum import Instance, Quorum
+from gateway.quorum.link import MemberLink
+from gateway.quorum.quorum import Quorum
+from gateway.quorum.transport import Transport
 
 console = Console()
 
@@ -77,37 +79,41 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-class Gathered(Quorum):
+class Gathered(Transport):
     """Each chunk its own call, all at once: the pool opens a connection per chunk."""
 
-    async def _run(self, inst: Instance, what: str, calls: Any, group: int = 0) -> list[Any | None]:
+    async def run(
+        self, inst: MemberLink, what: str, calls: Any, group: int = 0
+    ) -> list[Any | None]:
         return list(await asyncio.gather(
-            *(self._timed(inst, what, partial(inst.scripts[name], keys=keys, args=args))
+            *(inst.timed(what, partial(inst.scripts[name], keys=keys, args=args))
               for name, keys, args in calls)
         ))  # fmt: skip
 
 
-class Sequential(Quorum):
+class Sequential(Transport):
     """Each chunk its own call, one after another."""
 
-    async def _run(self, inst: Instance, what: str, calls: Any, group: int = 0) -> list[Any | None]:
-        return [await self._timed(inst, what, partial(inst.scripts[name], keys=keys, args=args))
+    async def run(
+        self, inst: MemberLink, what: str, calls: Any, group: int = 0
+    ) -> list[Any | None]:
+        return [await inst.timed(what, partial(inst.scripts[name], keys=keys, args=args))
                 for name, keys, args in calls]  # fmt: skip
 
 
-class OneCall(Quorum):
+class OneCall(Transport):
     """The whole batch in one call, as before chunks."""
 
-    async def claim(self, digests: Any, owners: Any) -> Any:
+    async def grouped(self, inst: MemberLink, what: str, digests: Any, plan: Any) -> Any:
         chunk, sizing.CHUNK_DIGESTS = sizing.CHUNK_DIGESTS, len(digests)
         try:
-            return await super().claim(digests, owners)
+            return await super().grouped(inst, what, digests, plan)
         finally:
             sizing.CHUNK_DIGESTS = chunk
 
 
-SENDING: dict[str, type[Quorum]] = {
-    "pipelined (product)": Quorum,
+SENDING: dict[str, type[Transport]] = {
+    "pipelined (product)": Transport,
     "gathered": Gathered,
     "sequential": Sequential,
     "one call per batch": OneCall,
@@ -223,7 +229,7 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in SENDING}
     for round_no in range(args.rounds):
         for name, cls in SENDING.items():
-            quorum = cls(settings.redis, Metrics())
+            quorum = Quorum(settings.redis, Metrics(), transport=cls)
             try:
                 for inst in quorum.instances:
                     await inst.client.flushall()

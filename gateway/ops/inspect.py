@@ -11,10 +11,8 @@ from gateway.contract.tokens import is_released, mark_digest
 from gateway.delay.scan import find_waiting
 from gateway.metrics import Metrics
 from gateway.ops.output import Output, id_fields, print_json, table, ttl_text, when_text
-from gateway.quorum.quorum import (
-    MarkView,
-    Quorum,
-)
+from gateway.quorum.admin import MarkView
+from gateway.quorum.quorum import Quorum
 
 
 async def inspect(settings: Settings, message_id: bytes, output: Output = "text") -> int:

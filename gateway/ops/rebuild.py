@@ -35,8 +35,10 @@ from typing import Any, Literal
 
 from gateway.config import Settings
 from gateway.metrics import Metrics
+from gateway.quorum.admin import Imported
 from gateway.quorum.keys import EPOCH_TRUSTED
-from gateway.quorum.quorum import Imported, Instance, Quorum
+from gateway.quorum.link import MemberLink
+from gateway.quorum.quorum import Quorum
 from gateway.rules.vote import leader
 
 OK, FAILED, USAGE = 0, 1, 2  # exit codes
@@ -127,7 +129,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None) -> int:
 
 
 async def _copy_from(
-    quorum: Quorum, target: Instance, epoch_id: str, sources: Sequence[Instance], n: int,
+    quorum: Quorum, target: MemberLink, epoch_id: str, sources: Sequence[MemberLink], n: int,
     report: Report,
 ) -> None:  # fmt: skip
     """Copy the marks sources[n] holds and no earlier source holds, group by group
@@ -151,8 +153,8 @@ async def _copy_from(
 
 
 async def _copy_marks(
-    quorum: Quorum, target: Instance, epoch_id: str, found: dict[bytes, Exported],
-    others: Sequence[Instance], earlier: Sequence[Instance], report: Report,
+    quorum: Quorum, target: MemberLink, epoch_id: str, found: dict[bytes, Exported],
+    others: Sequence[MemberLink], earlier: Sequence[MemberLink], report: Report,
 ) -> None:  # fmt: skip
     digests = list(found)
     views = await asyncio.gather(*(_lookup(quorum, o, digests) for o in others))
@@ -196,7 +198,7 @@ async def _copy_marks(
 
 
 async def _lookup(
-    quorum: Quorum, inst: Instance, digests: list[bytes]
+    quorum: Quorum, inst: MemberLink, digests: list[bytes]
 ) -> list[tuple[str | None, int]]:
     """Per digest, the owner `inst` holds (None: absent) and its remaining ms."""
     if not digests:
@@ -216,7 +218,7 @@ def _count(report: Report, result: int) -> None:
         report.rewritten += 1
 
 
-def _named(quorum: Quorum, name: str) -> Instance | None:
+def _named(quorum: Quorum, name: str) -> MemberLink | None:
     return next((inst for inst in quorum.instances if inst.name == name), None)
 
 

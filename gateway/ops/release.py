@@ -13,7 +13,8 @@ from gateway.contract.replies import (
 from gateway.contract.tokens import TOMBSTONE, is_released, mark_digest
 from gateway.metrics import Metrics
 from gateway.ops.output import Output, id_fields, print_json, table
-from gateway.quorum.quorum import MarkView, Quorum
+from gateway.quorum.admin import MarkView
+from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import release_decision
 
 

@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
-from gateway.quorum.quorum import MarkView, Quorum
+from gateway.quorum.admin import MarkView
+from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE
 from tests.conftest import redis_urls

@@ -24,7 +24,7 @@ REASON_ARGS = {
     ("InvalidCommand", 0): ("dedup_gateway_invalid_commands", errors.INVALID_COMMAND_REASONS),
     ("_invalid", 1): ("dedup_gateway_invalid_commands", errors.INVALID_COMMAND_REASONS),
     ("Absent", 0): ("dedup_gateway_invalid_commands", errors.INVALID_COMMAND_REASONS),
-    ("_failed", 1): ("dedup_gateway_redis_errors", errors.REDIS_ERROR_KINDS),
+    ("failed", 0): ("dedup_gateway_redis_errors", errors.REDIS_ERROR_KINDS),
     ("releases.labels", 0): ("dedup_gateway_releases", errors.RELEASE_RESULTS),
 }
 

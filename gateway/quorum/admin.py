@@ -1,0 +1,120 @@
+"""What operator commands, `rebuild` and tests ask of one member or one id: a
+mark's view, an unconditional release, a member's marks whole (export, lookup,
+import) and its pause flag."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from gateway.quorum.keys import handover_key
+from gateway.quorum.link import MemberLink
+from gateway.quorum.members import Group, group_of
+from gateway.quorum.transport import Planned
+
+if TYPE_CHECKING:
+    from gateway.quorum.quorum import Quorum
+
+# A mark a rebuild writes: digest, owner, remaining ms, handover note ('-': none, '?': keep
+# the member's), its remaining ms.
+Imported = tuple[bytes, str, int, str, int]
+
+
+@dataclass(frozen=True)
+class MarkView:
+    """One member's view of one id, for the operator."""
+
+    owner: str | None  # None: no live mark
+    ttl_ms: int  # of the bucket holding it; -2 when absent
+    encoding: str | None  # "listpack" while the bucket is compact
+    handed_over_by: str | None  # the failure command that last handed it over
+
+
+class Admin:
+    """Calls on one member or one id, outside the data path."""
+
+    def __init__(self, q: Quorum) -> None:
+        self.q = q
+
+    async def delete(self, digest: bytes) -> list[int | None]:
+        """Release the mark whoever holds it (operator release; a tombstone,
+        gateway/quorum/keys.py); per member 1 released, 0 absent or released already,
+        None for no answer (or a member that is not counted)."""
+
+        def plan(group: Group, items: Sequence[int]) -> Planned:
+            return [(("delete", [group.meta], [*group.layout, digest]), items)]
+
+        results = await self.q.per_item_on_counted("delete", [digest], plan)
+        return [r[0] for r in results]
+
+    async def inspect(self, digest: bytes) -> list[MarkView | None]:
+        """Per member, the mark and its bucket (owner None when absent); None if down."""
+
+        async def one(inst: MemberLink) -> MarkView | None:
+            n = self.group_index(inst, digest)
+            group = inst.groups[n]
+            found = await self.q.run_script(inst, "inspect", [*group.layout, digest], group=n)
+            if found is None:
+                return None
+            key = handover_key(group.prefix, digest)
+            handed = await inst.timed("inspect", partial(inst.client.get, key), group=n)
+            by = handed.decode() if isinstance(handed, bytes) else None
+            if not found:
+                return MarkView(None, -2, None, by)
+            owner, ttl, encoding = found
+            return MarkView(owner.decode(), int(ttl), encoding.decode(), by)
+
+        return list(await asyncio.gather(*(one(inst) for inst in self.q.instances)))
+
+    async def lookup(self, inst: MemberLink, digests: Sequence[bytes]) -> list[Any] | None:
+        """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `inst`;
+        None when a call got no answer."""
+        if not digests:
+            return []
+        width = len(digests[0])
+        return await self.q._via(inst).in_chunks(
+            inst, "lookup", digests,
+            lambda items: [width, b"".join(digests[k] for k in items)], width=2,
+        )  # fmt: skip
+
+    async def export(self, inst: MemberLink, group: int, cursor: list[Any], budget: int) -> Any:
+        """One call of scripts.EXPORT on one group of `inst`; None for no answer."""
+        layout = inst.groups[group].layout
+        return await self.q.run_script(inst, "export", [*layout, *cursor, budget], group=group)
+
+    async def import_marks(
+        self, inst: MemberLink, epoch_id: str, marks: Sequence[Imported]
+    ) -> list[int] | str | None:
+        """Write (digest, owner, remaining ms, handover note, its remaining ms) marks
+        into `inst` (scripts.IMPORT; note '-': none, '?': keep the member's): per mark
+        0 there already, 1 written, 2
+        rewritten; 'epoch' when its epoch changed (it lost its data again); None for no
+        answer."""
+        digests = [mark[0] for mark in marks]
+        width = len(digests[0])
+        flat = await self.q._via(inst).in_chunks(
+            inst, "import", digests,
+            lambda items: [epoch_id, width, b"".join(digests[k] for k in items),
+                           "".join(f"{marks[k][1]}," for k in items),
+                           "".join(f"{marks[k][2]}," for k in items),
+                           "".join(f"{marks[k][3]}," for k in items),
+                           "".join(f"{marks[k][4]}," for k in items)],
+            width=1,
+        )  # fmt: skip
+        if flat is None:
+            return "epoch" if inst.epoch is None else None
+        return [int(result[0]) for result in flat]
+
+    async def pause(self, inst: MemberLink, paused: bool) -> bool:
+        """Set or clear `inst`'s pause flag on every group; whether every group answered."""
+        done = await asyncio.gather(
+            *(self.q.run_script(inst, "pause", [g.prefix, "1" if paused else "0"], group=n)
+              for n, g in enumerate(inst.groups))
+        )  # fmt: skip
+        return all(d is not None for d in done)
+
+    def group_index(self, inst: MemberLink, digest: bytes) -> int:
+        return 0 if not inst.cluster else group_of(digest, len(inst.groups))

@@ -1,0 +1,261 @@
+"""Epochs and trust: whether each member still holds the marks it was given.
+
+Every claim names the epoch it expects and writes nothing where another one is
+found (gateway/quorum/keys.py, "Epochs"); a member whose data was lost is
+*recovering*: its answers are returned but not counted in votes, until
+`dedup-gateway rebuild` copied the marks into it or a whole mark lifetime
+(1.5 x ttl) has passed since its data began. A cluster member's epoch lives in
+group 0 and is copied to every group: a group that loses it (its node restarted
+empty) makes the whole member recovering. A member's trust is one `Trust`
+state (gateway/quorum/link.py), set here only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch
+from gateway.quorum.link import MemberLink, Trust
+from gateway.quorum.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+# How long the first epoch reads at start may take (connect, load the script).
+FIRST_CONTACT_S = 2.0
+
+
+@dataclass(frozen=True)
+class EpochRead:
+    """What a member said about its data (scripts.EPOCH_READ, all groups together)."""
+
+    epoch: Epoch | None
+    now_ms: int
+    has_marks: bool
+    paused: bool
+
+
+class Epochs:
+    """Reads the members' epochs and decides their trust."""
+
+    def __init__(
+        self,
+        links: Sequence[MemberLink],
+        via: Callable[[MemberLink], Transport],
+        majority: int,
+        timeout: float,
+        recovery_ms: int,
+    ) -> None:
+        self.links = links
+        self._via = via
+        self.majority = majority
+        self.timeout = timeout
+        self.recovery_ms = recovery_ms
+        self.read = False  # read at least once
+        self.reread = False  # a script met another epoch: read them all again
+
+    async def refresh(self, patient: bool = False) -> None:
+        """Read every member's epoch, give one to a member that has none, and decide
+        which members are trusted (gateway/quorum/keys.py, "Epochs"). `patient` (at start):
+        allow FIRST_CONTACT_S for the reads, which then connect and load the script:
+        a member missed at the first start joins as recovering."""
+        self.read, self.reread = True, False
+        timeout = max(self.timeout, FIRST_CONTACT_S) if patient else self.timeout
+        reads = await asyncio.gather(*(self._read_member(i, timeout) for i in self.links))
+        seen = {n: read for n, read in enumerate(reads) if read is not None}
+        todo = {
+            n: state
+            for n, read in seen.items()
+            if read.epoch is None and (state := self._state_for_missing(n, seen))
+        }
+        made = await asyncio.gather(
+            *(self._create_epoch(self.links[n], state) for n, state in todo.items())
+        )
+        for n, epoch in zip(todo, made, strict=True):
+            if epoch is not None:
+                seen[n] = replace(seen[n], epoch=epoch)
+        for n, read in seen.items():
+            await self._adopt(self.links[n], read)
+
+    async def _read_member(self, inst: MemberLink, bound_s: float) -> EpochRead | None:
+        """The member's epoch read; None for no answer. A cluster member's epoch is
+        group 0's, copied to every group (`_spread`)."""
+        if not inst.cluster:
+            got = await self._read_group(inst, 0, bound_s)
+            return None if got is None else got[0]
+        # Group 0 first, alone: its call sets up the cluster client (the slot map), which
+        # calls started side by side before that would each race to do.
+        head = await self._read_group(inst, 0, bound_s)
+        if head is None:
+            return None
+        reads = [head, *await asyncio.gather(
+            *(self._read_group(inst, g, bound_s) for g in range(1, len(inst.groups)))
+        )]  # fmt: skip
+        inst.failure = None
+        first, spread_id = head
+        answered = [got[0] for got in reads if got is not None]
+        has_marks = any(read.has_marks for read in answered)
+        paused = any(read.paused for read in answered)
+        epoch = first.epoch
+        if epoch is None and any(read.epoch is not None for read in answered):
+            # Group 0 lost its data (its node restarted empty) while others kept theirs.
+            epoch = await self._create_epoch(inst, EPOCH_RECOVERING)
+            if epoch is None:
+                return None
+        elif epoch is not None:
+            epoch = await self._spread(inst, epoch, [None if g is None else g[0] for g in reads],
+                                       spread_id)  # fmt: skip
+            if epoch is None:
+                return None
+        return EpochRead(epoch, first.now_ms, has_marks, paused)
+
+    async def _read_group(
+        self, inst: MemberLink, group: int, bound_s: float
+    ) -> tuple[EpochRead, str | None] | None:
+        """One group's epoch read and, on group 0, the epoch id spread to every group."""
+        prefix = inst.groups[group].prefix
+        got = await self._via(inst).run_script(inst, "epoch_read", [prefix], bound_s, group)
+        if got is None:
+            return None
+        raw, now_ms, has_marks, paused, spread = got
+        epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
+        read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused))
+        return read, spread.decode(errors="replace") if spread else None
+
+    async def _create_epoch(self, inst: MemberLink, state: str) -> Epoch | None:
+        """Give the member an epoch (the first gateway's wins) and, on a cluster,
+        copy it to every group."""
+        raw = await self._via(inst).run_script(inst, "epoch_create", [uuid.uuid4().hex[:16], state])
+        epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
+        if epoch is not None and inst.cluster:
+            return await self._spread(inst, epoch, None, None)
+        return epoch
+
+    async def _spread(
+        self, inst: MemberLink, epoch: Epoch, reads: list[EpochRead | None] | None,
+        spread_id: str | None,
+    ) -> Epoch | None:  # fmt: skip
+        """Make every group of a cluster member hold its epoch (group 0's); the epoch,
+        or None when another gateway changed it meanwhile (read again).
+
+        Claims check their own group's copy, so a group without it takes no marks.
+        Once every group had it (`epoch-spread` names the id on group 0), a group
+        without it lost its data: the whole member is given a new, recovering
+        epoch. Before that, a group without it was just not reached yet.
+        `reads`: the groups' reads (None: copy to every group)."""
+        count = len(inst.groups)
+        if reads is None:
+            stale = list(range(1, count))
+        else:
+            stale = [g for g in range(1, count) if (read := reads[g]) is not None
+                     and (read.epoch is None or read.epoch.id != epoch.id)]  # fmt: skip
+        if stale and spread_id == epoch.id and reads is not None and (first := reads[0]):
+            fresh = Epoch(uuid.uuid4().hex[:16], first.now_ms, EPOCH_RECOVERING)
+            logger.warning(
+                "Redis member %s: key groups %s lost the member's epoch %s (a node restarted "
+                "empty?): the member is recovering, as epoch %s",
+                inst.name, ", ".join(inst.groups[g].prefix.decode(errors="replace") for g in stale),
+                epoch.id, fresh.id, extra={"redis": inst.name},
+            )  # fmt: skip
+            if await self._via(inst).run_script(inst, "epoch_set", [epoch.raw, fresh.raw]) != 1:
+                self.reread = True
+                return None
+            epoch, stale = fresh, list(range(1, count))
+        if not stale and spread_id == epoch.id:
+            return epoch
+        copies = await asyncio.gather(
+            *(self._via(inst).run_script(inst, "epoch_copy", [epoch.raw], None, g) for g in stale)
+        )
+        if all(c is not None for c in copies) and (reads is None or None not in reads):
+            prefix = inst.groups[0].prefix
+            await self._via(inst).run_script(inst, "epoch_spread", [prefix, epoch.raw])
+        return epoch
+
+    def _state_for_missing(self, n: int, seen: dict[int, EpochRead]) -> str | None:
+        """The state to give member `n`, which answered without an epoch; None: wait.
+
+        Only the scripts that check the epoch open a slice, so a member with
+        marks but no epoch kept data written before epochs existed: trusted. One
+        without marks lost its data if this gateway knew it by an epoch, or if
+        another member holds marks: recovering. If no member that answers
+        holds marks, nothing was claimed yet (a fresh deployment): trusted, once a
+        majority answers.
+        """
+        if seen[n].has_marks:
+            return EPOCH_TRUSTED
+        if self.links[n].known_id is not None or any(r.has_marks for r in seen.values()):
+            return EPOCH_RECOVERING
+        return EPOCH_TRUSTED if len(seen) >= self.majority else None
+
+    async def _adopt(self, inst: MemberLink, read: EpochRead) -> None:
+        """Take the member's epoch as read, decide its trust, log and count changes."""
+        epoch, now_ms = read.epoch, read.now_ms
+        if read.paused != inst.paused:
+            logger.warning(
+                "Redis member %s is %s", inst.name,
+                "paused: not counted, no claims sent" if read.paused else "resumed",
+                extra={"redis": inst.name},
+            )  # fmt: skip
+            inst.set_paused(read.paused)
+        trusted = epoch is not None and (
+            epoch.state == EPOCH_TRUSTED or now_ms - epoch.since_ms >= self.recovery_ms
+        )
+        if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED:
+            # A whole mark lifetime has passed: say so on the instance, for every gateway.
+            promoted = epoch.with_state(EPOCH_TRUSTED)
+            if await self._via(inst).run_script(inst, "epoch_set", [epoch.raw, promoted.raw]) == 1:
+                epoch = promoted
+        lost = epoch is not None and inst.known_id is not None and inst.known_id != epoch.id
+        trust = Trust.UNKNOWN if epoch is None else Trust.TRUSTED if trusted else Trust.RECOVERING
+        if epoch is None and trust != inst.reported:
+            logger.warning(
+                "Redis member %s holds no epoch, and whether it lost its data cannot be "
+                "decided while fewer than a majority answer: its answers are not counted",
+                inst.name, extra={"redis": inst.name},
+            )  # fmt: skip
+        elif epoch is not None and not trusted and (lost or trust != inst.reported):
+            logger.warning(
+                "Redis member %s %s (epoch %s, its data began %s): its answers are not "
+                "counted until `dedup-gateway rebuild %s` or %s",
+                inst.name, "lost its data" if lost else "is recovering", epoch.id,
+                when(epoch.since_ms), inst.name, when(epoch.since_ms + self.recovery_ms),
+                extra={"redis": inst.name},
+            )  # fmt: skip
+        elif trusted and inst.reported not in (Trust.NEW, Trust.TRUSTED):
+            logger.info("Redis member %s is trusted again", inst.name, extra={"redis": inst.name})
+        inst.epoch, inst.reported = epoch, trust
+        if epoch is not None:
+            inst.known_id = epoch.id
+        inst.set_trust(trust)
+
+    def refused(self, inst: MemberLink, reply: bytes) -> bool:
+        """Whether a script refused to write: another epoch ('epoch:<held>': the member
+        lost its data since we read it) or a pause ('paused:')."""
+        if reply.startswith(b"epoch:"):
+            self._epoch_differs(inst, reply[len(b"epoch:") :].decode())
+            return True
+        if reply.startswith(b"paused:"):
+            if not inst.paused:
+                logger.warning("Redis member %s is paused: not counted, no claims sent",
+                               inst.name, extra={"redis": inst.name})  # fmt: skip
+            inst.set_paused(True)
+            return True
+        return False
+
+    def _epoch_differs(self, inst: MemberLink, held: str) -> None:
+        """A claim found another epoch: the member lost its data since we read it."""
+        logger.warning(
+            "Redis member %s holds epoch %r, not %r: nothing was written; re-reading epochs",
+            inst.name, held, inst.epoch.raw if inst.epoch else None, extra={"redis": inst.name},
+        )  # fmt: skip
+        inst.epoch = None
+        self.reread = True
+        inst.set_trust(Trust.UNKNOWN)
+
+
+def when(epoch_ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_ms / 1000))

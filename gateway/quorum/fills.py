@@ -1,0 +1,73 @@
+"""The fill backlog: winners' marks to complete on a member that gave no answer.
+
+Per member, the marks of the votes it gave no answer to, bounded (the oldest
+dropped, counted), sent before the next claim to it and by the quorum's
+`watch`: a mark written on a bare majority does not stay that way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from gateway import sizing
+from gateway.metrics import Metrics
+from gateway.quorum.link import Fill, MemberLink
+from gateway.quorum.members import Group
+from gateway.quorum.transport import Planned, Transport
+
+
+class Fills:
+    """Each member's backlog of fills (`MemberLink.backlog`) and how it is sent."""
+
+    def __init__(self, via: Callable[[MemberLink], Transport], most: int, metrics: Metrics) -> None:
+        self._via = via
+        self.most = most  # `[redis] repair_backlog`
+        self.metrics = metrics
+
+    def queue(self, inst: MemberLink, fills: Iterable[Fill], front: bool = False) -> None:
+        if front:
+            inst.backlog.extendleft(reversed(list(fills)))
+        else:
+            inst.backlog.extend(fills)
+        dropped = len(inst.backlog) - self.most
+        if dropped > 0:
+            for _ in range(dropped):
+                inst.backlog.popleft()  # the oldest first: the newest marks matter longest
+            self.metrics.repairs_dropped.labels(inst.name).inc(dropped)
+        self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
+
+    def take(self, inst: MemberLink) -> list[Fill]:
+        """Up to one chunk of queued fills, when the member's epoch is known."""
+        if not inst.backlog or inst.epoch is None or inst.paused:
+            return []
+        taken = [
+            inst.backlog.popleft() for _ in range(min(len(inst.backlog), sizing.CHUNK_DIGESTS))
+        ]
+        self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
+        return taken
+
+    async def send(self, inst: MemberLink, fills: list[Fill]) -> bool:
+        """Write queued fills (scripts.FILL), one call per group; those that got no
+        answer go back to the front of the backlog. Whether every one was sent."""
+        epoch_id, width = inst.epoch.id if inst.epoch else "", len(fills[0][0])
+
+        def plan(group: Group, items: Sequence[int]) -> Planned:
+            args = [*group.layout, epoch_id, width,
+                    b"".join(fills[k][0] for k in items),
+                    "".join(f"{fills[k][1]}," for k in items),
+                    "".join(f"{fills[k][2]}," for k in items)]  # fmt: skip
+            return [(("fill", [group.meta], args), items)]
+
+        results = await self._via(inst).grouped(inst, "fill", [f[0] for f in fills], plan)
+        missed = [fills[k] for positions, result in results if result is None for k in positions]
+        if missed:
+            self.queue(inst, missed, front=True)
+        return not missed
+
+    async def drain(self, inst: MemberLink) -> None:
+        """Send this member's queued fills, a chunk at a time, until the backlog seen at
+        the start is sent or a call fails."""
+        for _ in range(-(-len(inst.backlog) // sizing.CHUNK_DIGESTS)):
+            fills = self.take(inst)
+            if not fills or not await self.send(inst, fills):
+                return

@@ -1,0 +1,78 @@
+"""Coalescing windows on the members (gateway/delay/coalescer.py, scripts.COALESCE_*)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gateway.quorum.link import MemberLink
+
+if TYPE_CHECKING:
+    from gateway.quorum.quorum import Quorum
+
+
+class Windows:
+    """The coalescing-window calls, on every member."""
+
+    def __init__(self, q: Quorum) -> None:
+        self.q = q
+
+    async def coalesce_update(
+        self, digests: Sequence[bytes], stamps: Sequence[int], versions: Sequence[str],
+        mode: str, window_ms: int, max_window_ms: int, on: Sequence[bool] | None = None,
+    ) -> list[list[tuple[int, bool]] | None]:  # fmt: skip
+        """Per member, per update: (its window's start, whether it opened the window);
+        None where the member gave no answer (or had another epoch), or is not `on`."""
+        if not digests:
+            return [[] for _ in self.q.instances]
+        if not self.q.epochs.read:
+            await self.q.refresh_epochs()
+        width = len(digests[0])
+
+        async def one(inst: MemberLink, asked: bool) -> list[tuple[int, bool]] | None:
+            if inst.epoch is None or inst.paused or not asked:
+                return None
+            head = [inst.epoch.id, mode, window_ms, max_window_ms, width]
+            flat = await self.q._via(inst).in_chunks(
+                inst, "coalesce_update", digests,
+                lambda items: [*head, b"".join(digests[k] for k in items),
+                               "".join(f"{stamps[k]}," for k in items),
+                               "".join(f"{versions[k]}," for k in items)],
+                width=2,
+            )  # fmt: skip
+            if flat is None:
+                return None
+            return [(int(pair[0]), int(pair[1]) == 1) for pair in flat]
+
+        asked = on if on is not None else [True] * self.q.size
+        out = list(
+            await asyncio.gather(
+                *(one(inst, a) for inst, a in zip(self.q.instances, asked, strict=True))
+            )
+        )
+        if self.q.epochs.reread:
+            await self.q.refresh_epochs()
+        return out
+
+    async def coalesce_close(
+        self, digests: Sequence[bytes], starts: Sequence[int]
+    ) -> list[list[tuple[str, int, int]] | None]:
+        """Per member, per window: (newest version or '', updates, newest timestamp);
+        None where the member gave no answer."""
+        if not digests:
+            return [[] for _ in self.q.instances]
+        width = len(digests[0])
+
+        async def one(inst: MemberLink) -> list[tuple[str, int, int]] | None:
+            flat = await self.q._via(inst).in_chunks(
+                inst, "coalesce_close", digests,
+                lambda items: [width, b"".join(digests[k] for k in items),
+                               "".join(f"{starts[k]}," for k in items)],
+                width=3,
+            )  # fmt: skip
+            if flat is None:
+                return None
+            return [(v.decode(), int(n), int(last)) for v, n, last in flat]
+
+        return list(await asyncio.gather(*(one(inst) for inst in self.q.instances)))
