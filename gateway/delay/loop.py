@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from gateway.config import ConfigError, Settings
 from gateway.contract.records import (
@@ -424,7 +424,7 @@ def _copy(rec: Record, tier_at_ms: int | None) -> OutRecord:
 
 async def start_delay_loop(
     settings: Settings,
-    producer: AIOKafkaProducer,
+    sink: Sink,
     metrics: Metrics,
     stack: contextlib.AsyncExitStack,
     closer: Closer | None = None,
@@ -451,7 +451,7 @@ async def start_delay_loop(
             f"delay.tiers: tier topic(s) {', '.join(missing)} do not exist; create them "
             "(README, Scheduled delivery) or change [delay] tiers"
         )
-    loop = DelayLoop(settings, consumer, Sink(producer, kafka, metrics), metrics, closer)
+    loop = DelayLoop(settings, consumer, sink, metrics, closer)
     consumer.subscribe(topics, listener=loop.listener())
     logger.info("scheduled delivery: tiers %s, group %s.delay", ", ".join(topics), kafka.group_id)
     return loop

@@ -5,7 +5,7 @@ A command (failure topic; key = id, value = JSON with `id`, `token`, `reason`,
 processing of one clean record failed. Per `[failures] mode`:
 
 - `release` (the patent): release the id's mark where it still holds `token`
-  (compare-and-set to the tombstone `-token` on every instance; released when
+  (compare-and-set to the tombstone `-token` on every member; released when
   a majority did, or had before: a redone command). The next copy the
   producer sends is then new.
 - `retry` (default): hand the mark over from the failed attempt's token to the
@@ -112,13 +112,15 @@ class _Due:
 
 
 class FailureLoop:
+    """`out`: the service's sink (gateway/service/app.py), or a producer to send on."""
+
     def __init__(
-        self, settings: Settings, quorum: Quorum, producer: AIOKafkaProducer, metrics: Metrics
+        self, settings: Settings, quorum: Quorum, out: Sink | AIOKafkaProducer, metrics: Metrics
     ) -> None:
         self.settings = settings
         self.failures = settings.failures
         self.quorum = quorum
-        self.sink = Sink(producer, settings.kafka, metrics)
+        self.sink = out if isinstance(out, Sink) else Sink(out, settings.kafka, metrics)
         self.metrics = metrics
         self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
         self.raw_topics = frozenset(settings.kafka.raw_topics)

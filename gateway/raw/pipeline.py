@@ -59,7 +59,19 @@ class Voting:
 
 
 class Pipeline:
-    def __init__(self, settings: Settings, quorum: Quorum, sink: Sink, metrics: Metrics) -> None:
+    """`router` (scheduled delivery) and `coalescer` (coalescing windows) are given when
+    those features are on (gateway/service/app.py builds them); None: off."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        quorum: Quorum,
+        sink: Sink,
+        metrics: Metrics,
+        *,
+        router: Router | None = None,
+        coalescer: Coalescer | None = None,
+    ) -> None:
         self.settings = settings
         self.quorum = quorum
         self.sink = sink
@@ -77,11 +89,11 @@ class Pipeline:
             if settings.clean_topic_of(topic) != settings.kafka.clean_topic
         }
         # Scheduled delivery (gateway/delay/loop.py): bad delay headers are bad input.
-        self.delay = Router(settings, metrics) if settings.delay.enabled else None
+        self.delay = router
         if self.delay is not None:
             self.extract = self.delay.checked(self.extract)
         # Coalescing windows (gateway/delay/coalescer.py): a record without a key is bad input.
-        self.coalesce = Coalescer(settings, quorum, metrics) if settings.coalesce.enabled else None
+        self.coalesce = coalescer
         if self.coalesce is not None:
             self.extract = self.coalesce.checked(self.extract)
 

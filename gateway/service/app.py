@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from gateway.config import Settings
 from gateway.delay.coalescer import Coalescer
 from gateway.delay.loop import start_delay_loop
+from gateway.delay.router import Router
 from gateway.failures.fetch_back import RawFetcher
 from gateway.failures.loop import FailureLoop
 from gateway.kafka.clients import build_consumer, build_producer, stop_all_within
@@ -94,14 +95,16 @@ class Gateway:
             producer = build_producer(kafka)
             await producer.start()
             stack.push_async_callback(producer.stop)
+            # Every collaborator is built here, once, and handed to those that use it.
+            settings, metrics = self.settings, self.metrics
+            sink = Sink(producer, kafka, metrics)  # every loop's: raw, delay, failure
+            coalescer = (
+                Coalescer(settings, self.quorum, metrics) if settings.coalesce.enabled else None
+            )  # updates on the raw path, closes in the delay loop: one window state
+            router = Router(settings, metrics) if settings.delay.enabled else None
             delay = None
-            if self.settings.delay.enabled:  # before any record is routed to a tier topic
-                closer = (
-                    Coalescer(self.settings, self.quorum, self.metrics)
-                    if self.settings.coalesce.enabled
-                    else None
-                )
-                delay = await start_delay_loop(self.settings, producer, self.metrics, stack, closer)
+            if router is not None:  # before any record is routed to a tier topic
+                delay = await start_delay_loop(settings, sink, metrics, stack, coalescer)
             consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
             stack.push_async_callback(stop_all_within, consumers)  # for a held join
             consumer = build_consumer(
@@ -112,8 +115,9 @@ class Gateway:
             )
             await consumer.start()
             consumers.append(consumer)
-            sink = Sink(producer, kafka, self.metrics)
-            pipeline = Pipeline(self.settings, self.quorum, sink, self.metrics)
+            pipeline = Pipeline(
+                settings, self.quorum, sink, metrics, router=router, coalescer=coalescer
+            )
             lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
             source = RawSource(
                 consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
@@ -123,7 +127,7 @@ class Gateway:
             if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
                 await lanes.first_read(consumer)
 
-            failures = FailureLoop(self.settings, self.quorum, producer, self.metrics)
+            failures = FailureLoop(settings, self.quorum, sink, metrics)
             commands = build_consumer(kafka, f"{kafka.group_id}.failures")
             await commands.start()
             consumers.append(commands)
