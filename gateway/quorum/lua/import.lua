@@ -1,0 +1,59 @@
+--! writes
+--! prelude
+-- A rebuild's writing side: make each digest held by the given owner on the
+-- instance being rebuilt. A mark held by another owner is rewritten where it
+-- is; an absent one goes into the slice whose buckets expire soonest after
+-- the source's (now + its remaining ms), so a copy lives about as long as the
+-- original (never shorter, at most one slice longer). Slices older than this
+-- instance's own are opened for that (`first` in the slice meta).
+-- ARGV[5]: the epoch id the caller expects (nothing is written if it changed);
+-- ARGV[6]: digest length L; ARGV[7]: the digests, concatenated; ARGV[8]: the
+-- owners, each followed by ','; ARGV[9]: the remaining ms, each followed by ',';
+-- ARGV[10] and ARGV[11]: the handover notes and their remaining ms, each
+-- followed by ',': the member's note becomes the source's (deleted for '-',
+-- left alone for '?': the source does not hold the winner), so a replayed
+-- failure command gets the same answer here as there.
+-- Reply per digest: 0 already held by that owner, 1 written, 2 rewritten from
+-- another owner. Or 'epoch:<epoch held>' when the epoch differs.
+
+local mismatch = epoch_differs(ARGV[5])
+if mismatch then return mismatch end
+local len, digests = tonumber(ARGV[6]), ARGV[7]
+local slices, at, now = open_slice()
+local cur = slices[1][3]
+local owners, lefts = string.gmatch(ARGV[8], '([^,]+),'), string.gmatch(ARGV[9], '([^,]+),')
+local notes, note_lefts = string.gmatch(ARGV[10], '([^,]+),'), string.gmatch(ARGV[11], '([^,]+),')
+local out, done = {}, {}
+for i = 1, #digests / len do
+  local digest, owner, left = string.sub(digests, (i - 1) * len + 1, i * len), owners(), lefts()
+  local note, note_left = notes(), tonumber(note_lefts())
+  if note == '-' then
+    redis.call('DEL', prefix .. 'h:' .. digest)
+  elseif note ~= '?' and note_left > 0 then
+    redis.call('SET', prefix .. 'h:' .. digest, note, 'PX', note_left)
+  end
+  local h = hash_of(digest)
+  local bucket, held = find(slices, digest, h, 1)
+  if held == owner then
+    out[i] = 0
+  elseif held then
+    redis.call('HSET', bucket, digest, owner)
+    out[i] = 2
+  else
+    local k = math.floor((at - now - tonumber(left)) / slice_ms)
+    k = math.max(0, math.min(k, SLICES_BACK))
+    if k >= #slices then
+      for s = cur - #slices, cur - k, -1 do redis.call('HSETNX', meta, 'buckets:' .. s, buckets) end
+      redis.call('HSET', meta, 'first', cur - k)
+      slices = slices_from(cur)
+    end
+    bucket = bucket_of(slices[k + 1], h)
+    redis.call('HSET', bucket, digest, owner)
+    if not done[bucket] then  -- any slice: the ledger is not used here
+      done[bucket] = true
+      expire_at(bucket, at - k * slice_ms, now)
+    end
+    out[i] = 1
+  end
+end
+return out

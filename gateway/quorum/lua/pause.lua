@@ -1,0 +1,9 @@
+--! writes
+-- Pause a group (ARGV[2] '1') or resume it ('0'): a paused group refuses every
+-- script that writes marks ('paused:'), so its slots can be migrated
+-- (docs/operations.md, "Resharding a cluster member"). KEYS[1]: `<prefix>epoch`
+-- (routing); ARGV[1]: key prefix. Reply: 1.
+
+if ARGV[2] == '1' then redis.call('SET', ARGV[1] .. 'paused', '1')
+else redis.call('DEL', ARGV[1] .. 'paused') end
+return 1

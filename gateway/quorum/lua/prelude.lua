@@ -1,0 +1,180 @@
+-- The prelude every mark script starts with (gateway/quorum/scripts.py includes it):
+-- the common arguments, the slices in force, the bucket of a digest.
+
+local SLICES_BACK, SLACK = ${SLICES_BACK}, ${EXPIRY_SLACK_MS}
+local prefix, ttl = ARGV[1], tonumber(ARGV[2])
+local slice_ms, buckets = tonumber(ARGV[3]), tonumber(ARGV[4])
+local meta = KEYS[1]
+local fmt = string.format  -- '%d' formats a number much faster than `..` does
+
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The slices to search, newest first: {bucket name prefix, bucket count, id}.
+-- Each slice keeps the bucket count it opened with, so changing `buckets` (or
+-- `ttl`) takes effect at the next slice and never hides a live mark. `first`:
+-- the oldest slice that may exist (1, or lower after a rebuild copied marks).
+local function slices_from(id)
+  local fields = {'first'}
+  for k = 0, SLICES_BACK do fields[#fields + 1] = 'buckets:' .. (id - k) end
+  local got = redis.call('HMGET', meta, unpack(fields))
+  local first, list = tonumber(got[1]) or 1, {}
+  for k = 0, SLICES_BACK do
+    if id - k < first then break end
+    list[#list + 1] = {fmt('%sm:%d:', prefix, id - k), tonumber(got[k + 2]) or buckets, id - k}
+  end
+  return list
+end
+
+-- Open a new slice if the current one has ended (the instance's clock).
+-- Returns the slices to search (the first one is where new marks go), when
+-- the current slice's buckets expire, and now (ms since the epoch).
+local function open_slice()
+  local now = clock()
+  local cur = redis.call('HMGET', meta, 'id', 'ends')
+  local id, ends = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
+  if now >= ends then
+    id, ends = id + 1, now + slice_ms
+    redis.call('HSET', meta, 'id', id, 'ends', fmt('%d', ends), 'buckets:' .. id, buckets)
+    redis.call('HDEL', meta, 'buckets:' .. (id - SLICES_BACK - 1), 'expires:' .. (id - 1))
+  end
+  return slices_from(id), ends + ttl, now
+end
+
+-- The slices to search, without opening one (for scripts that only read or delete).
+local function live_slices()
+  return slices_from(tonumber(redis.call('HGET', meta, 'id')) or 0)
+end
+
+local function hash_of(digest)
+  local a, b, c = string.byte(digest, 1, 3)
+  return a * 65536 + b * 256 + c
+end
+
+-- The bucket of a digest hashed `h` in `slice`, and its index there.
+local function bucket_of(slice, h)
+  local index = h % slice[2]
+  return fmt('%s%d', slice[1], index), index
+end
+
+-- A released mark holds '-' .. the token it was released from (a tombstone,
+-- gateway/quorum/keys.py): nobody owns the id, but a replay of that same source
+-- record must not take it back.
+local function released(held)
+  return string.byte(held, 1) == 45  -- '-'
+end
+
+-- The bucket holding `digest` and its owner, from slices[from] on, newest
+-- first; nil, false if none. `h` is hash_of(digest).
+local function find(slices, digest, h, from)
+  for k = from, #slices do
+    local bucket = bucket_of(slices[k], h)
+    local held = redis.call('HGET', bucket, digest)
+    if held then return bucket, held end
+  end
+  return nil, false
+end
+
+-- Make `bucket` expire at `at` unless it already expires then or later. A
+-- bucket just created has no expiry, and one that got its expiry before `ttl`
+-- was raised expires too early: a mark written now must live `ttl` (raising
+-- ttl shortens nothing). Lowering ttl keeps the later expiry of marks already there.
+local function expire_at(bucket, at, now)
+  local left = redis.call('PTTL', bucket)
+  if left < 0 or now + left < at - SLACK then redis.call('PEXPIREAT', bucket, fmt('%d', at)) end
+end
+
+-- The current slice's expiry ledger (gateway/quorum/keys.py), read once per call: a
+-- bucket's expiry is checked once per slice instead of once per call (with
+-- 16,384 buckets nearly every new id has a bucket of its own in a call, and
+-- its PTTL was about a tenth of a new id's Redis CPU, bench/RESULTS.md). Bit i set:
+-- bucket i exists and expires at `expires:<slice>` of the slice meta (less
+-- SLACK) or later. That is the largest `at` any caller asked for: a gateway
+-- with a lower ttl gives the buckets the longer expiry, a raised ttl starts
+-- the ledger again. A bucket is only ever emptied (and so deleted by Redis)
+-- in an older slice, or by a claim that just created it (its bit is 0).
+local function ledger_of(slices, at)
+  local id = slices[1][3]
+  local key, field = fmt('%sx:%d', prefix, id), 'expires:' .. id
+  local since = tonumber(redis.call('HGET', meta, field))
+  if since and at <= since then
+    return {key = key, at = since, bits = redis.call('GET', key) or '', done = {}}
+  end
+  if since then redis.call('DEL', key) end
+  redis.call('HSET', meta, field, fmt('%d', at))
+  return {key = key, at = at, bits = '', done = {}}
+end
+
+-- Make bucket `index` of the current slice, `bucket`, expire with its slice;
+-- its expiry is read (PTTL) only if the ledger has no bit for it yet.
+local function expire(ledger, bucket, index, now)
+  local done = ledger.done
+  if done[index] then return end
+  done[index] = true
+  local byte = string.byte(ledger.bits, math.floor(index / 8) + 1)
+  if byte and bit.band(byte, bit.rshift(128, index % 8)) ~= 0 then return end
+  expire_at(bucket, ledger.at, now)
+  redis.call('SETBIT', ledger.key, index, 1)
+  if ledger.bits == '' and not ledger.timed then  -- created by this call
+    ledger.timed = true
+    redis.call('PEXPIREAT', ledger.key, fmt('%d', ledger.at))
+  end
+end
+
+-- Claim `digest` for `owner` unless a live mark holds it. Returns 1 when
+-- `owner` holds it now (just claimed, or a replay of the same source record),
+-- else the owner that does. HSETNX in the current slice decides a new id in
+-- one call; older slices are searched only for what it claimed (and undone if
+-- an older slice holds the id). A released mark is claimed by any other
+-- owner, which is told so: '=' .. the released token (the vote then counts
+-- that token as released on the instances the release has not reached yet,
+-- gateway/rules/vote.py). To the owner it was released from it stays released
+-- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
+local function claim(slices, digest, owner, now, ledger)
+  local h = hash_of(digest)
+  local bucket, index = bucket_of(slices[1], h)
+  local held
+  if redis.call('HSETNX', bucket, digest, owner) == 1 then
+    local _, older = find(slices, digest, h, 2)
+    if not older then
+      expire(ledger, bucket, index, now)
+      return 1
+    end
+    if released(older) and older ~= '-' .. owner then
+      expire(ledger, bucket, index, now)
+      return '=' .. string.sub(older, 2)
+    end
+    redis.call('HDEL', bucket, digest)
+    held = older
+  else
+    held = redis.call('HGET', bucket, digest)
+    if released(held) and held ~= '-' .. owner then
+      redis.call('HSET', bucket, digest, owner)
+      expire(ledger, bucket, index, now)
+      return '=' .. string.sub(held, 2)
+    end
+  end
+  if held == owner then return 1 end
+  return held
+end
+
+-- Write a mark into the current slice, whoever held the digest there.
+local function put(slices, digest, owner, now, ledger)
+  local bucket, index = bucket_of(slices[1], hash_of(digest))
+  redis.call('HSET', bucket, digest, owner)
+  expire(ledger, bucket, index, now)
+end
+
+-- False when the instance still holds the data the caller knows (its epoch
+-- starts with the id `expected`, gateway/quorum/keys.py) and is not paused; else the
+-- reply that says so, 'epoch:<the epoch it holds>' or 'paused:', and the
+-- script must write nothing.
+local function epoch_differs(expected)
+  local got = redis.call('MGET', prefix .. 'epoch', prefix .. 'paused')
+  local epoch = got[1]
+  if got[2] then return 'paused:' end
+  if epoch and string.sub(epoch, 1, #expected + 1) == expected .. ':' then return false end
+  return 'epoch:' .. (epoch or '')
+end
