@@ -7,7 +7,7 @@
 A record too large for the broker is bad input too (`too_large`): judged
 before the vote (gateway/rules/ids.py), and by the sink for anything it is handed.
 
-Outages of a Redis instance are not errors here: the quorum turns them into
+Outages of a Redis member are not errors here: the quorum turns them into
 "no answer" and the vote decides (gateway/quorum/quorum.py).
 """
 
@@ -44,7 +44,7 @@ class ConfigError(GatewayError, ValueError):
 
 
 class CredentialsRefused(ConfigError):
-    """A Redis instance refused the user/password of its URL: a setting to fix, not an outage."""
+    """A Redis member refused the user/password of its URL: a setting to fix, not an outage."""
 
 
 class BadRecord(GatewayError, ValueError):

@@ -97,34 +97,34 @@ class Metrics:
         )
         self.redis_call_seconds = Histogram(
             f"{PREFIX}_redis_call_seconds",
-            "Latency of one script call to one Redis instance",
+            "Latency of one script call to one quorum member",
             ["redis", "script"],
             buckets=_CALL_BUCKETS,
             registry=r,
         )
         self.redis_errors = Counter(
             f"{PREFIX}_redis_errors",
-            "Failed or timed-out calls to one Redis instance",
+            "Failed or timed-out calls to one quorum member",
             ["redis", "kind"],
             registry=r,
         )
         self.redis_up = Gauge(
             f"{PREFIX}_redis_up",
-            "1 when the instance answered its last call",
+            "1 when the member answered its last call",
             ["redis"],
             registry=r,
             multiprocess_mode="livemin",
         )
         self.redis_recovering = Gauge(
             f"{PREFIX}_redis_recovering",
-            "1 while the instance's answers are not counted: it lost its marks (recovering) "
+            "1 while the member's answers are not counted: it lost its marks (recovering) "
             "or its epoch is not known yet",
             ["redis"],
             registry=r,
         )
         self.redis_paused = Gauge(
             f"{PREFIX}_redis_paused",
-            "1 while the member is paused by `dedup-gateway member pause` (not counted)",
+            "1 while the member is paused by `dedup-gateway pause` (not counted)",
             ["redis"],
             registry=r,
         )
@@ -136,25 +136,25 @@ class Metrics:
         )
         self.repair_backlog = Gauge(
             f"{PREFIX}_repair_backlog",
-            "Marks waiting to be completed on an instance that missed their vote",
+            "Marks waiting to be completed on a member that missed their vote",
             ["redis"],
             registry=r,
         )
         self.repairs_dropped = Counter(
             f"{PREFIX}_repairs_dropped",
-            "Marks dropped from an instance's full repair backlog (left on a bare majority)",
+            "Marks dropped from a member's full repair backlog (left on a bare majority)",
             ["redis"],
             registry=r,
         )
         self.quorum_size = Gauge(
             f"{PREFIX}_quorum_size",
-            "Instances needed for a majority (m)",
+            "Members needed for a majority (m)",
             registry=r,
             multiprocess_mode="livemax",
         )
         self.quorum_healthy = Gauge(
             f"{PREFIX}_quorum_healthy",
-            "1 when at least m instances answer and are trusted (not recovering)",
+            "1 when at least m members answer and are trusted (not recovering)",
             registry=r,
             multiprocess_mode="livemin",
         )
@@ -321,7 +321,7 @@ class Metrics:
 
     def preinit(self, settings: Settings) -> None:
         """Start every labelled counter's known series at zero (reasons, actions,
-        results, error kinds per Redis instance, records in per raw topic)."""
+        results, error kinds per quorum member, records in per raw topic)."""
         for topic in settings.kafka.raw_topics:
             self.records_in.labels(topic)
         for lane in settings.lanes:

@@ -205,7 +205,7 @@ class Epochs:
             epoch.state == EPOCH_TRUSTED or now_ms - epoch.since_ms >= self.recovery_ms
         )
         if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED:
-            # A whole mark lifetime has passed: say so on the instance, for every gateway.
+            # A whole mark lifetime has passed: say so on the member, for every gateway.
             promoted = epoch.with_state(EPOCH_TRUSTED)
             if await self._via(inst).run_script(inst, "epoch_set", [epoch.raw, promoted.raw]) == 1:
                 epoch = promoted

@@ -15,7 +15,7 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
     <prefix>h:<digest>          string the failure command that last handed
                                        the mark over (the failure loop only)
     <prefix>epoch               string `<id>:<since_ms>:<trusted|recovering>`,
-                                       which data this instance holds (below)
+                                       which data this member holds (below)
     <prefix>paused              string present while `dedup-gateway pause`
                                        holds the member: writing scripts refuse
 
@@ -55,7 +55,7 @@ given a new, recovering epoch (gateway/quorum/quorum.py, `_spread`).
   the key, the value object, the expiry entry; bench/RESULTS.md, naive-3); a
   small hash stores a field and its value in a listpack, under 45 bytes per
   mark with the hash's own share (tests/integration/test_marks.py). Redis 7.0
-  has no per-field TTL, so marks are grouped by time instead: each instance cuts its own clock into
+  has no per-field TTL, so marks are grouped by time instead: each member cuts its own clock into
   slices of ttl/SLICES_BACK; a slice's buckets expire `ttl` after the slice
   ends, so a mark lives between ttl and ttl*(1 + 1/SLICES_BACK). A lookup
   searches the current slice and the SLICES_BACK before it; the one before
@@ -66,7 +66,7 @@ given a new, recovering epoch (gateway/quorum/quorum.py, `_spread`).
   Redis keeps a hash compact up to `hash-max-listpack-entries` fields (512 by
   default); past that a bucket turns into a hash table: still correct, at
   60-110 bytes per mark. docs/operations.md sizes `buckets`. A rebuild may
-  add marks to slices older than the instance's own (`first`), so a copied
+  add marks to slices older than the member's own (`first`), so a copied
   mark keeps about its original lifetime.
 - A bucket's expiry is checked (PTTL) the first time the current slice writes
   to it, and raised to its slice's (slice end + ttl) when lower or absent, so
@@ -80,33 +80,33 @@ given a new, recovering epoch (gateway/quorum/quorum.py, `_spread`).
   removes a field from a current slice's bucket is a claim undoing the field
   it just added, which empties only a bucket it created, whose bit is unset.
 
-Epochs: an instance that restarts empty (or is flushed, or replaced) forgets
+Epochs: a member that restarts empty (or is flushed, or replaced) forgets
 its marks; counted in a vote it would call old ids new. Its epoch key says
-which data it holds: a random id, `since_ms` (the instance's clock when that
+which data it holds: a random id, `since_ms` (the member's clock when that
 data began) and a state. Gateways agree through the key itself:
 
 - Every gateway reads all epochs at start, every `[redis] ping_interval`, and
   whenever a claim meets an epoch other than the one it expects. The scripts
   that write marks (claim, fill, handover, import) carry the expected id and
   write nothing where another id, or none, is found: the first call after a
-  restart is never counted, and an instance without an epoch never gains
+  restart is never counted, and a member without an epoch never gains
   marks (its slice meta stays absent).
-- An instance without an epoch gets one (SET NX: the first gateway's wins):
+- A member without an epoch gets one (SET NX: the first gateway's wins):
   - `trusted` if it holds marks (its slice meta exists): they were written
     before epochs existed (the first start of a version with them);
-  - `recovering` if it holds none while another instance does, or while this
+  - `recovering` if it holds none while another member does, or while this
     gateway knew it by an epoch: it lost its data (restarted empty, flushed,
     replaced, or missed the first start);
-  - `trusted` if no instance that answers holds marks and they are a
+  - `trusted` if no member that answers holds marks and they are a
     majority: a fresh deployment, nothing was claimed yet;
   - otherwise not yet: it is not counted, and asked again at the next read.
-- A `recovering` instance takes claims (so it fills up) but its answers do
+- A `recovering` member takes claims (so it fills up) but its answers do
   not count, until `dedup-gateway rebuild` copies the live marks into it and
   sets it `trusted`, or until 1.5 x ttl after `since_ms` (every mark it could
   have missed has expired everywhere); the first gateway to see that sets it
   `trusted`. The id never changes while the data lives, so a gateway that
-  knows the id never mistakes a rebuilt instance for a lost one.
-- Not detected: an instance restored from an older snapshot keeps its epoch
+  knows the id never mistakes a rebuilt member for a lost one.
+- Not detected: a member restored from an older snapshot keeps its epoch
   (its data was not wiped) but lost its latest marks. Run Redis with AOF.
 """
 
@@ -125,7 +125,7 @@ def handover_key(prefix: bytes, digest: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Epoch:
-    """An instance's epoch key: `<id>:<since_ms>:<state>` (see the module docstring)."""
+    """A member's epoch key: `<id>:<since_ms>:<state>` (see the module docstring)."""
 
     id: str
     since_ms: int

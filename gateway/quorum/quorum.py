@@ -114,11 +114,11 @@ class Quorum:
 
     @property
     def healthy(self) -> bool:
-        """A majority of instances answers and holds the marks it was given."""
+        """A majority of members answers and holds the marks it was given."""
         return sum(i.up and i.counted for i in self.instances) >= self.majority
 
     def why_unhealthy(self) -> str:
-        """For /readyz: which instances keep the quorum from a trusted majority."""
+        """For /readyz: which members keep the quorum from a trusted majority."""
         down = ", ".join(i.name for i in self.instances if not i.up)
         paused = ", ".join(i.name for i in self.instances if i.up and i.paused)
         recovering = ", ".join(
@@ -138,14 +138,14 @@ class Quorum:
         return [inst.counted for inst in self.instances]
 
     async def wait_for_majority(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
-        """Return once a majority answers; read every epoch; name every instance that
+        """Return once a majority answers; read every epoch; name every member that
         does not answer.
 
-        Raises `CredentialsRefused` when any instance refuses the URL's credentials.
+        Raises `CredentialsRefused` when any member refuses the URL's credentials.
         """
         while not stop.is_set():
             await self.refresh_epochs(patient=True)
-            # After the round, `failure` is set exactly on the instances that did not answer.
+            # After the round, `failure` is set exactly on the members that did not answer.
             failed = {inst.name: inst.failure for inst in self.instances if inst.failure}
             refused = [f"{name} ({detail})" for name, (kind, detail) in failed.items()
                        if kind == "auth"]  # fmt: skip
@@ -159,7 +159,7 @@ class Quorum:
             names = {"redis": ", ".join(failed)}
             if self.size - len(failed) >= self.majority:
                 if down:
-                    logger.warning("serving with Redis instances unreachable: %s",
+                    logger.warning("serving with Redis members unreachable: %s",
                                    ", ".join(down), extra=names)  # fmt: skip
                 return
             logger.error(
@@ -169,15 +169,15 @@ class Quorum:
             await wait_or_stop(stop, retry_s)
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Until `stop`: every `[redis] ping_interval`, `check` every instance. Without
+        """Until `stop`: every `[redis] ping_interval`, `check` every member. Without
         it, up/down and trust would change only when a batch flows."""
         while not stop.is_set():
             await self.check()
             await wait_or_stop(stop, self.ping_interval)
 
     async def check(self) -> None:
-        """Read every instance's epoch (which pings it), then send queued fills to
-        the instances that answer."""
+        """Read every member's epoch (which pings it), then send queued fills to
+        the members that answer."""
         await self.refresh_epochs()
         await asyncio.gather(*(self.fills.drain(inst) for inst in self.instances if inst.up))
 

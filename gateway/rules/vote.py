@@ -1,39 +1,39 @@
-"""The majority vote over the instances' replies: a pure function.
+"""The majority vote over the members' replies: a pure function.
 
-Each instance replies, for one record, with MINE (the mark is held by this
+Each member replies, for one record, with MINE (the mark is held by this
 record), another owner's token, or nothing (down, timed out, error). With N
-instances and m = N//2 + 1:
+members and m = N//2 + 1:
 - m or more hold this record's mark: FORWARD;
 - m or more hold one other owner's mark: DUPLICATE of that owner;
-- every counted instance answered, they are at least m, but no owner has m
-  (copies claimed concurrently on different instances): the owner with the
+- every counted member answered, they are at least m, but no owner has m
+  (copies claimed concurrently on different members): the owner with the
   most marks wins, ties going to the smallest token. Every gateway that sees
   all those replies sees the same marks (a mark is set once, and only repair
   rewrites it, towards the winner), so every gateway picks the same winner
   and exactly one copy is forwarded. One exception: a released mark is taken
   over by the next copy, so two copies taking the same tombstone at once on
-  different instances can, in rare orders, each win on some gateway;
+  different members can, in rare orders, each win on some gateway;
 - otherwise (too few answers to know): UNDECIDED, handled by `on_no_quorum`.
 
 Released marks (release mode, gateway/quorum/keys.py) hold `-<token>`: the id is
-free, and `token` must never own it again. An instance may not have seen the
-release yet (it runs on each instance in turn, racing claims), so a token
+free, and `token` must never own it again. A member may not have seen the
+release yet (it runs on each member in turn, racing claims), so a token
 whose release any answer shows counts as released everywhere: a tombstone
-`-T` on one instance and `T` on another are two tombstones; a claim that took
+`-T` on one member and `T` on another are two tombstones; a claim that took
 a tombstone answers `=T` (mine, and `T` was released). Tombstones never beat a
 live owner. Without this, a replay of the released record racing its release
 won a 1:1 tie (`T` is one character shorter than `-T`) and was forwarded with
 the token the job had already processed, and the repair brought `T` back: the
 id was never processed again (chaos seed 19).
 
-Instances that lost their marks (recovering) are not counted: their replies
+Members that lost their marks (recovering) are not counted: their replies
 come as None and `counted` says how many are. With one of three recovering, a
 1:1 split of the other two is thus decided like a split of all three: without
 that, two copies claimed at the same moment by two gateways stayed undecided
 until a rebuild, blocking their partitions (found by the chaos schedule, seed
 37). What it gives up: if one of the two had missed the first copy's mark (no
 answer, its fill still queued) while the third lost its data, a later copy
-can win the tie: two instances' faults at once, beyond the one-member
+can win the tie: two members' faults at once, beyond the one-member
 guarantee, and the same tie rule `dedup-gateway rebuild` applies.
 """
 
@@ -66,10 +66,10 @@ class Decision:
 
 
 def decide(own: str, replies: Sequence[Reply], quorum: int, counted: int | None = None) -> Decision:
-    """Decide one record from its per-instance replies (see module docstring).
+    """Decide one record from its per-member replies (see module docstring).
 
-    A reply that is not counted (an instance that lost its marks) is passed as
-    None, and `counted` is the number of counted instances (default: all).
+    A reply that is not counted (a member that lost its marks) is passed as
+    None, and `counted` is the number of counted members (default: all).
     """
     answered = [reply for reply in replies if reply is not None]
     if not answered:
@@ -84,7 +84,7 @@ def decide(own: str, replies: Sequence[Reply], quorum: int, counted: int | None 
 
 
 def holder(own: str, reply: Reply) -> str:
-    """Who holds the mark on an instance that answered `reply` to `own`'s claim."""
+    """Who holds the mark on a member that answered `reply` to `own`'s claim."""
     if reply == MINE or (type(reply) is str and reply[:1] == TOOK_OVER):
         return own
     return str(reply)
