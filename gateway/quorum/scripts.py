@@ -1,14 +1,14 @@
-"""Lua scripts, one call per instance per chunk of a batch, loaded once and called by SHA.
+"""Lua scripts, one call per member per chunk of a batch, loaded once and called by SHA.
 
 Marks live in hash buckets (see `gateway.quorum.keys` for the layout and why): a
 mark is the field `<digest>` of `<prefix>m:<slice>:<shard>`, its value the
 owner token. Every mark script starts with the prelude (lua/prelude.lua), which
-finds the slices in force and the bucket that holds a digest. Time is the instance's own clock
-(`TIME`), so all the gateways calling one instance agree on its slices.
+finds the slices in force and the bucket that holds a digest. Time is the member's own clock
+(`TIME`), so all the gateways calling one member agree on its slices.
 
 Each script loops over its marks in order, so the marks of one call are
 claimed in record order: of two copies of an id in one call, the first wins
-(the gateway sends one batch's chunks to an instance in order, on one
+(the gateway sends one batch's chunks to a member in order, on one
 connection, so this holds for a whole batch).
 
 What a script costs Redis is what sizes the chunks (below): a `redis.call`
@@ -28,8 +28,9 @@ half-way; the read-only ones are `no-writes`.
 The scripts are files, `gateway/quorum/lua/<name>.lua` (package data). Each opens
 with its directives, `--! writes` or `--! no-writes` (the `#!lua` line) and
 `--! prelude` (the prelude is put before its body), then its arguments and
-replies as comments; the loader drops those header lines, so the text Redis gets
-(and its SHA) is the script's own.
+replies as comments (the loader drops those header lines), then its KEYS and
+ARGV as named locals (a list of marks, one group of ARGV per mark, is read in
+its loop).
 """
 
 from __future__ import annotations

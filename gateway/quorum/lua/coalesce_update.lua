@@ -15,11 +15,12 @@
 -- else 0 (flattened); or 'epoch:<epoch held>'. A replay of an update (same
 -- version) changes nothing; a replayed older update counts once more in n.
 
-local mismatch = epoch_differs(ARGV[5])
-if mismatch then return mismatch end
+local epoch_id = ARGV[5]
 local trailing, W, MW = ARGV[6] == 'trailing', tonumber(ARGV[7]), tonumber(ARGV[8])
 local len, digests = tonumber(ARGV[9]), ARGV[10]
 local stamps, versions = string.gmatch(ARGV[11], '([^,]+),'), string.gmatch(ARGV[12], '([^,]+),')
+local mismatch = epoch_differs(epoch_id)
+if mismatch then return mismatch end
 local out = {}
 for i = 1, #digests / len do
   local kd, ts, v = string.sub(digests, (i - 1) * len + 1, i * len), tonumber(stamps()), versions()

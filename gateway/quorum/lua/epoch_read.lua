@@ -2,11 +2,12 @@
 -- The group's epoch (gateway/quorum/keys.py), its clock, whether it has ever held
 -- marks (its slice meta exists), whether it is paused, and the epoch id last
 -- copied to every group of the member (group 0 of a cluster member; see
--- gateway/quorum/quorum.py): {epoch or false, now in ms, 1 or 0, 1 or 0, id or false}.
+-- gateway/quorum/epochs.py): {epoch or false, now in ms, 1 or 0, 1 or 0, id or false}.
 -- KEYS[1]: `<prefix>epoch`; ARGV[1]: key prefix.
 
+local epoch_key, prefix = KEYS[1], ARGV[1]
 local t = redis.call('TIME')
-local marks = redis.call('HGET', ARGV[1] .. 'slice', 'id') and 1 or 0
-local paused = redis.call('EXISTS', ARGV[1] .. 'paused')
-return {redis.call('GET', KEYS[1]), t[1] * 1000 + math.floor(t[2] / 1000), marks, paused,
-        redis.call('GET', ARGV[1] .. 'epoch-spread')}
+local marks = redis.call('HGET', prefix .. 'slice', 'id') and 1 or 0
+local paused = redis.call('EXISTS', prefix .. 'paused')
+return {redis.call('GET', epoch_key), t[1] * 1000 + math.floor(t[2] / 1000), marks, paused,
+        redis.call('GET', prefix .. 'epoch-spread')}

@@ -1,14 +1,14 @@
 --! no-writes
 --! prelude
--- A rebuild's reading side (gateway/ops/rebuild.py): the marks of this instance,
+-- A rebuild's reading side (gateway/ops/rebuild.py): the marks of this member,
 -- bucket by bucket, newest slice first, from slice ARGV[5] ('start': the
 -- current one) and shard ARGV[6]. ARGV[7] bounds a call's work (buckets
 -- visited plus marks returned), so the call stays short. Reply: {1 when every
 -- slice is done else 0, next slice, next shard, then digest, owner, bucket's
 -- remaining ms, handover note ('' when none) and its remaining ms, per mark}.
 
-local slices = live_slices()
 local from, shard, budget = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local slices = live_slices()
 local out = {1, 0, 0}
 for _, slice in ipairs(slices) do
   if not from or slice[3] <= from then

@@ -12,24 +12,26 @@
 -- while a third recovered, and the command waited forever (chaos seed 1). A mark
 -- held by a later attempt (or the dead letter) shows the command is stale: 5.
 -- KEYS[i + 1]: mark i's handover side key; ARGV[5]: the epoch id the caller
--- expects (nothing is written if the instance holds another); ARGV[6]: the
+-- expects (nothing is written if the member holds another); ARGV[6]: the
 -- marks' digests, concatenated (equal lengths); ARGV[7..]: failed token, next
 -- token, command ref, the earlier attempts' tokens and the later ones (each
 -- token followed by a comma); per mark.
--- Reply per mark (named in gateway/quorum/quorum.py): 1 handed over now, 2 handed over
+-- Reply per mark (named in gateway/contract/replies.py): 1 handed over now, 2 handed over
 -- by this same command before but its effect not yet done (a replay: redo it),
 -- 3 handed over by another copy of the command, 4 this command's effect is
 -- done, 5 held by a later attempt, 0 held by another owner. Or 'epoch:<epoch held>'.
 
-local mismatch = epoch_differs(ARGV[5])
+local epoch_id, digests = ARGV[5], ARGV[6]
+local marks = #KEYS - 1  -- KEYS[2..]: each mark's handover key
+local mismatch = epoch_differs(epoch_id)
 if mismatch then return mismatch end
-local len = #ARGV[6] / (#KEYS - 1)
+local len = #digests / marks
 local slices, at, now = open_slice()
 local ledger = ledger_of(slices, at)
 local out = {}
-for i = 1, #KEYS - 1 do
+for i = 1, marks do
   local by = KEYS[i + 1]
-  local digest = string.sub(ARGV[6], (i - 1) * len + 1, i * len)
+  local digest = string.sub(digests, (i - 1) * len + 1, i * len)
   local failed, nxt, ref = ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4]
   local earlier, later = ARGV[5 * i + 5], ARGV[5 * i + 6]
   local h = hash_of(digest)

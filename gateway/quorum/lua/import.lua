@@ -1,11 +1,11 @@
 --! writes
 --! prelude
 -- A rebuild's writing side: make each digest held by the given owner on the
--- instance being rebuilt. A mark held by another owner is rewritten where it
+-- member being rebuilt. A mark held by another owner is rewritten where it
 -- is; an absent one goes into the slice whose buckets expire soonest after
 -- the source's (now + its remaining ms), so a copy lives about as long as the
 -- original (never shorter, at most one slice longer). Slices older than this
--- instance's own are opened for that (`first` in the slice meta).
+-- member's own are opened for that (`first` in the slice meta).
 -- ARGV[5]: the epoch id the caller expects (nothing is written if it changed);
 -- ARGV[6]: digest length L; ARGV[7]: the digests, concatenated; ARGV[8]: the
 -- owners, each followed by ','; ARGV[9]: the remaining ms, each followed by ',';
@@ -16,13 +16,16 @@
 -- Reply per digest: 0 already held by that owner, 1 written, 2 rewritten from
 -- another owner. Or 'epoch:<epoch held>' when the epoch differs.
 
-local mismatch = epoch_differs(ARGV[5])
-if mismatch then return mismatch end
+local epoch_id = ARGV[5]
 local len, digests = tonumber(ARGV[6]), ARGV[7]
+local owner_list, left_list = ARGV[8], ARGV[9]
+local note_list, note_left_list = ARGV[10], ARGV[11]
+local mismatch = epoch_differs(epoch_id)
+if mismatch then return mismatch end
 local slices, at, now = open_slice()
 local cur = slices[1][3]
-local owners, lefts = string.gmatch(ARGV[8], '([^,]+),'), string.gmatch(ARGV[9], '([^,]+),')
-local notes, note_lefts = string.gmatch(ARGV[10], '([^,]+),'), string.gmatch(ARGV[11], '([^,]+),')
+local owners, lefts = string.gmatch(owner_list, '([^,]+),'), string.gmatch(left_list, '([^,]+),')
+local notes, note_lefts = string.gmatch(note_list, '([^,]+),'), string.gmatch(note_left_list, '([^,]+),')
 local out, done = {}, {}
 for i = 1, #digests / len do
   local digest, owner, left = string.sub(digests, (i - 1) * len + 1, i * len), owners(), lefts()

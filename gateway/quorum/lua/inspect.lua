@@ -3,6 +3,7 @@
 -- One digest's mark, for the operator: {owner, bucket TTL in ms, bucket
 -- encoding}, or {} when no live mark holds it. ARGV[5]: the digest.
 
-local bucket, held = find(live_slices(), ARGV[5], hash_of(ARGV[5]), 1)
+local digest = ARGV[5]
+local bucket, held = find(live_slices(), digest, hash_of(digest), 1)
 if not held then return {} end
 return {held, redis.call('PTTL', bucket), redis.call('OBJECT', 'ENCODING', bucket)}

@@ -4,6 +4,7 @@
 -- (docs/operations.md, "Resharding a cluster member"). KEYS[1]: `<prefix>epoch`
 -- (routing); ARGV[1]: key prefix. Reply: 1.
 
-if ARGV[2] == '1' then redis.call('SET', ARGV[1] .. 'paused', '1')
-else redis.call('DEL', ARGV[1] .. 'paused') end
+local prefix, paused = ARGV[1], ARGV[2]
+if paused == '1' then redis.call('SET', prefix .. 'paused', '1')
+else redis.call('DEL', prefix .. 'paused') end
 return 1
