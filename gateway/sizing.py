@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# Chunks (gateway/quorum/quorum.py). DIGEST_COST_US: a new id's Redis CPU with three
+# Chunks (gateway/quorum/transport.py). DIGEST_COST_US: a new id's Redis CPU with three
 # slices to search, measured with bench/script_cost.py on a shared 2-core
 # machine (bench/RESULTS.md, "Claim script cost"; 6-8 us with one slice). A
 # chunk of CHUNK_DIGESTS is then at most ~6 ms of work: Redis serves other
@@ -10,7 +10,7 @@ from __future__ import annotations
 # its input buffer, so smaller chunks would not interleave any finer).
 # CHUNKS_PER_TRIP chunks share one round trip; `[redis] timeout` bounds a
 # round trip and must leave TIMEOUT_MARGIN times its expected work for a
-# loaded instance: less than MIN_TIMEOUT_MS is refused at start.
+# loaded member: less than MIN_TIMEOUT_MS is refused at start.
 DIGEST_COST_US = 12
 
 

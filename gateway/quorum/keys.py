@@ -25,7 +25,7 @@ group's keys share one hash slot. Group 0's epoch is the member's; every
 group holds a copy (so a claim checks its own group's), and
 `<prefix>{0.<groups>}epoch-spread` names the epoch id once every group had
 it: after that, a group without it lost its data, and the whole member is
-given a new, recovering epoch (gateway/quorum/quorum.py, `_spread`).
+given a new, recovering epoch (gateway/quorum/epochs.py, `_spread`).
 
 - The digest is BLAKE2b-96 of the message id, so an id of any length costs 12
   bytes (collision odds for 10^9 live ids: about 6e-12).

@@ -83,7 +83,7 @@ def node_client_for(url: MultiHostUrl, host: str, port: int, timeout_s: float) -
     credentials and TLS: pipelines the calls of the key groups that node serves.
 
     No socket timeout: every round trip on it is bounded as a whole by `[redis]
-    timeout` (gateway/quorum/quorum.py, `_timed`), and redis-py's own bound on each
+    timeout` (gateway/quorum/link.py, `MemberLink.timed`), and redis-py's own bound on each
     reply of a pipeline cost 14% of a cluster claim's CPU (a timer per reply)."""
     return aioredis.Redis(
         host=host,

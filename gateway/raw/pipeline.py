@@ -216,9 +216,9 @@ class Pipeline:
         return decided.commits
 
     async def vote(self, ids: Sequence[bytes], owners: Sequence[str]) -> list[Outcome]:
-        """Claim every id's mark for its owner on every instance, decide on the trusted
-        instances' answers, repair the marks that differ from the winner, queue the
-        winner's mark for the instances that gave no answer (gateway/quorum/quorum.py)."""
+        """Claim every id's mark for its owner on every member, decide on the trusted
+        members' answers, repair the marks that differ from the winner, queue the
+        winner's mark for the members that gave no answer (gateway/quorum/quorum.py)."""
         if not ids:
             return []
         if not self.settings.dedup.enabled:
@@ -226,7 +226,7 @@ class Pipeline:
         digests = list(map(mark_digest, ids))
         replies = await self.quorum.claim(digests, owners)
         counted = self.quorum.counted()
-        masked = not all(counted)  # a recovering instance answers, but its answers do not count
+        masked = not all(counted)  # a recovering member answers, but its answers do not count
         quorum, trusted = self.quorum.majority, sum(counted)
         outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]

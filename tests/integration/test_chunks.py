@@ -1,6 +1,6 @@
 """Claims travel in chunks: a batch of any allowed size is claimed in calls that
 each hold an instance briefly, within `[redis] timeout`, and a chunk that fails
-costs only its own digests (gateway/quorum/quorum.py "Chunks", gateway/quorum/scripts.py)."""
+costs only its own digests (gateway/quorum/transport.py, gateway/quorum/scripts.py)."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ async def test_a_cluster_member_works_behind_the_documented_acl_on_every_node(
     broker: str, redis_servers: Any, redis_clusters: Any, names: Callable[[str], str]
 ) -> None:
     """The member's credentials reach every connection: the cluster client's and the
-    per-node pipelines' (gateway/quorum/quorum.py, `_on_masters`). The default user is
+    per-node pipelines' (gateway/quorum/transport.py, `_on_masters`). The default user is
     switched off, so a connection without them is refused."""
     topics = Topics(names)
     await topics.create(broker, raw_partitions=1, clean_partitions=1)
