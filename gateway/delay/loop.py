@@ -234,17 +234,14 @@ class DelayLoop:
         `bad_tier_record`, the records around it taken as usual."""
         logger.warning("a delay tier record cannot be parsed (%s): reading past it", error)
 
-        def where(tp: TopicPartition) -> int | None:
-            part = self.book.parts.get(tp)
-            return part.next_offset if part is not None else None
-
         async with self.lock:
-            found = await fetch_past_bad_headers(self.consumer, self.kafka, room, where)
+            found = await fetch_past_bad_headers(
+                self.consumer, self.kafka, room, self.book.position
+            )
             bad = {tp: f for tp, f in (found or {}).items() if f.bad}
             now = now_ms()
             for tp, f in bad.items():
-                records = sorted([*f.records, *(r for r, _ in f.bad)], key=lambda r: r.offset)
-                if self._take(tp, records, now, {r.offset: n for r, n in f.bad}):
+                if self._take(tp, f.in_order(), now, f.dropped()):
                     # aiokafka cannot read the rest of that batch: read on after it.
                     self.book.of(tp).next_offset = f.next_offset
                     self.consumer.seek(tp, f.next_offset)

@@ -69,7 +69,6 @@ from gateway.kafka.offsets import (
     RevocationGuard,
     fetch_past_bad_headers,
 )
-from gateway.kafka.salvage import Salvaged
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import (
@@ -180,18 +179,14 @@ class FailureLoop:
         (`bad_header`), the commands around it handled as usual."""
         logger.warning("a failure command cannot be parsed (%s): reading past it", error)
 
-        def where(tp: TopicPartition) -> int | None:
-            part = self.book.parts.get(tp)
-            return part.next_offset if part is not None else None
-
-        found = await fetch_past_bad_headers(commands, self.settings.kafka, 500, where)
+        found = await fetch_past_bad_headers(commands, self.settings.kafka, 500, self.book.position)
         bad = {tp: f for tp, f in (found or {}).items() if f.bad}
         if not bad:  # unreadable now, or moved meanwhile (a rebalance): the next fetch tells
             await wait_or_stop(stop, self.failures.backoff_initial.total_seconds())
             return
         for tp, f in bad.items():
             part = self.book.of(tp)
-            rewind = await self.handle(tp, part, _in_order(f), {r.offset: n for r, n in f.bad})
+            rewind = await self.handle(tp, part, f.in_order(), f.dropped())
             if rewind is None and self.book.owns(commands, tp, part):
                 # aiokafka cannot read the rest of that batch: read on after it.
                 part.next_offset = f.next_offset
@@ -451,11 +446,6 @@ class FailureLoop:
 def _fields(cmd: Command) -> dict[str, str | int]:
     """Log fields of a command: the raw record it names, and where the command is."""
     return {**coordinates(cmd.topic, cmd.partition, cmd.offset), "command": cmd.ref}
-
-
-def _in_order(found: Salvaged) -> list[Record]:
-    """A lenient read's records, good and bad, in offset order."""
-    return sorted([*found.records, *(rec for rec, _ in found.bad)], key=lambda r: r.offset)
 
 
 def _commit_done(where: dict[str, int], task: asyncio.Future[None]) -> bool:

@@ -78,6 +78,11 @@ class OffsetBook(Generic[P]):
             part = self.parts[tp] = self._new()
         return part
 
+    def position(self, tp: TopicPartition) -> int | None:
+        """Where the loop stands in `tp`: its next offset to take; None: nothing taken."""
+        part = self.parts.get(tp)
+        return part.next_offset if part is not None else None
+
     def owns(self, consumer: AIOKafkaConsumer, tp: TopicPartition, part: P) -> bool:
         """Whether `part` is still the loop's state of `tp`, which is still assigned."""
         return self.parts.get(tp) is part and tp in consumer.assignment()

@@ -56,6 +56,14 @@ class Salvaged:
     records: list[Record] = field(default_factory=list)
     bad: list[tuple[Record, int]] = field(default_factory=list)
 
+    def in_order(self) -> list[Record]:
+        """Every record read, good and bad, in offset order."""
+        return sorted([*self.records, *(rec for rec, _ in self.bad)], key=lambda r: r.offset)
+
+    def dropped(self) -> dict[int, int]:
+        """Per bad record's offset, how many header names that are not UTF-8 it lost."""
+        return {rec.offset: count for rec, count in self.bad}
+
 
 async def read_leniently(
     client: AIOKafkaClient, tp: TopicPartition, offset: int, max_records: int
