@@ -378,3 +378,29 @@ def test_no_doc_cites_files_a_user_does_not_have() -> None:
         if re.search(r"ENVIRONMENT\.md|SEEDS\.md|STYLE\.md|\.\./shared", line)
     ]
     assert not cited, cited
+
+
+# --- the configuration page -------------------------------------------------------
+
+
+def test_the_configuration_page_lists_every_key_of_every_section() -> None:
+    from pydantic import BaseModel
+
+    from gateway.config import LaneSettings, Settings
+    from spark_sink.config import SparkSettings
+
+    rows = {
+        cells[0].strip("` []"): cells[1]
+        for line in (REPO / "docs" / "configuration.md").read_text().splitlines()
+        if line.startswith("| `[") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    sections: dict[str, type[BaseModel]] = {"lanes": LaneSettings, "spark": SparkSettings}
+    for name, field in Settings.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            sections[name] = field.annotation
+    assert len(sections) >= 10
+    for section, model in sections.items():
+        assert section in rows, f"docs/configuration.md has no row for [{section}]"
+        keys = {f.alias or name for name, f in model.model_fields.items()}
+        missing = {key for key in keys if f"`{key}`" not in rows[section]}
+        assert not missing, f"[{section}] keys missing from docs/configuration.md: {missing}"
