@@ -72,9 +72,7 @@ def _fenced(text: str) -> Iterator[tuple[int, str, str]]:
 
 def _outside_fences(text: str) -> str:
     """The text with fenced blocks blanked (line numbers kept)."""
-    return re.sub(
-        r"^ *```.*?^ *```", lambda m: "\n" * m[0].count("\n"), text, flags=re.S | re.M
-    )
+    return re.sub(r"^ *```.*?^ *```", lambda m: "\n" * m[0].count("\n"), text, flags=re.S | re.M)
 
 
 def _block_lines(body: str, first: int) -> Iterator[tuple[int, str]]:
@@ -136,7 +134,7 @@ def parse_module_args(module: str, argv: list[str]) -> str | None:
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        original(self, *args, **kwargs)
         raise _Parsed
 
     saved_argv = sys.argv
@@ -340,7 +338,10 @@ def test_every_guarantee_row_names_tests_that_exist(row: Row) -> None:
 
 
 def test_a_missing_test_file_or_function_is_caught() -> None:
-    ok = "`tests/integration/test_crash.py`, `test_group.py::test_a_gateway_stops_promptly_while_the_broker_holds_its_group_join`"
+    ok = (
+        "`tests/integration/test_crash.py`, "
+        "`test_group.py::test_a_gateway_stops_promptly_while_the_broker_holds_its_group_join`"
+    )
     assert named_tests(ok)[1] == []
     assert named_tests("`tests/integration/test_nothing.py`")[1]
     assert named_tests("`test_group.py::test_that_does_not_exist`")[1]
@@ -351,7 +352,11 @@ def test_a_missing_test_file_or_function_is_caught() -> None:
 
 # Pages other branches of this wave write; the links to them stand once they are merged.
 # Delete this set after the merge.
-PAGES_OF_OTHER_BRANCHES = {"docs/spark-performance.md", "docs/spark-cluster.md", "docs/architecture.md"}
+PAGES_OF_OTHER_BRANCHES = {
+    "docs/spark-performance.md",
+    "docs/spark-cluster.md",
+    "docs/architecture.md",
+}
 TOP_DIRS = ("gateway", "spark_sink", "devtools", "tests", "deploy", "bench", "scripts", "grafana")
 
 
