@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import io
 import re
 import runpy
@@ -128,12 +129,14 @@ class _Parsed(Exception):
     pass
 
 
-def parse_module_args(module: str, argv: list[str]) -> str | None:
-    """Run `python -m module argv` up to its argument parsing: None when the
-    arguments parse (or ask for --help), else the parser's error."""
+def _run_to_parser(module: str, argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
+    """Run `python -m module argv` up to its argument parsing: its parser, and None
+    when the arguments parse (or ask for --help), else the parser's error."""
     original = argparse.ArgumentParser.parse_args
+    parsers: list[argparse.ArgumentParser] = []
 
     def parse_then_stop(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        parsers.append(self)
         original(self, *args, **kwargs)
         raise _Parsed
 
@@ -141,6 +144,7 @@ def parse_module_args(module: str, argv: list[str]) -> str | None:
     err = io.StringIO()
     sys.argv = [module, *argv]
     argparse.ArgumentParser.parse_args = parse_then_stop  # type: ignore[assignment,method-assign]
+    problem: str | None = f"python -m {module} never parsed its arguments"
     try:
         with (
             contextlib.redirect_stderr(err),
@@ -151,13 +155,31 @@ def parse_module_args(module: str, argv: list[str]) -> str | None:
             warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
             runpy.run_module(module, run_name="__main__", alter_sys=False)
     except _Parsed:
-        return None
+        problem = None
     except SystemExit as exit_:
-        return None if exit_.code == 0 else err.getvalue().strip().splitlines()[-1]
+        problem = None if exit_.code == 0 else err.getvalue().strip().splitlines()[-1]
     finally:
         argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
         sys.argv = saved_argv
-    return f"python -m {module} never parsed its arguments"
+    assert parsers, problem
+    return parsers[0], problem
+
+
+def parse_module_args(module: str, argv: list[str]) -> str | None:
+    return _run_to_parser(module, argv)[1]
+
+
+@functools.cache
+def module_flags(module: str) -> frozenset[str]:
+    """Every `--flag` of `python -m module`, its subcommands' included."""
+    parsers, flags = [_run_to_parser(module, [])[0]], set()
+    while parsers:
+        parser = parsers.pop()
+        flags |= {f for f in parser._option_string_actions if f.startswith("--")}
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += action.choices.values()
+    return frozenset(flags)
 
 
 def _gateway_mention(words: list[str]) -> str | None:
@@ -235,6 +257,42 @@ def test_a_wrong_flag_or_verb_is_caught() -> None:
     assert check(Command("x", 1, "make no-such-target", whole=True))
     assert check(Command("x", 1, "rm -rf .state", whole=True))
     assert check(Command("x", 1, "dedup-gateway rebuild M --from N", whole=True)) is None
+
+
+# Modules whose flags the docs may name on their own (`--from`), and flags of other
+# tools the docs mention in passing.
+FLAG_MODULES = (
+    "gateway",
+    "spark_sink",
+    "devtools.demo",
+    "devtools.chaos",
+    "bench",
+    "bench.datapath",
+)
+OTHER_TOOLS_FLAGS = {
+    "--python-prefix": "venv-pack",
+    "--files": "spark-submit",
+    "--conf": "spark-submit",
+    "--archives": "spark-submit",
+}
+
+
+def bare_flags() -> list[tuple[str, int, str]]:
+    """(doc, line, flag) of every inline span that starts with a `--flag`."""
+    found = []
+    for path in DOCS:
+        prose = _outside_fences(path.read_text())
+        for match in re.finditer(r"`(--[a-z][a-z0-9-]*)", prose):
+            found.append((path.name, _line_of(prose, match.start()), match[1]))
+    return found
+
+
+def test_every_flag_the_docs_name_on_its_own_exists() -> None:
+    known = set(OTHER_TOOLS_FLAGS).union(*(module_flags(m) for m in FLAG_MODULES))
+    assert {"--from", "--dry-run", "--until-idle", "--cluster"} <= known
+    unknown = [f"{doc}:{line}: {flag}" for doc, line, flag in bare_flags() if flag not in known]
+    assert len(bare_flags()) >= 10
+    assert not unknown, unknown
 
 
 # --- the guarantee tables ---------------------------------------------------------
