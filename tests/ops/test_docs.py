@@ -467,3 +467,22 @@ def test_the_configuration_page_lists_every_key_of_every_section() -> None:
         keys = {f.alias or name for name, f in model.model_fields.items()}
         missing = {key for key in keys if f"`{key}`" not in rows[section]}
         assert not missing, f"[{section}] keys missing from docs/configuration.md: {missing}"
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of `path`."""
+    headings = re.findall(r"^#+ (.+)$", _outside_fences(path.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_link_to_a_section_finds_its_heading() -> None:
+    broken = []
+    for path in DOCS:
+        prose = _outside_fences(path.read_text())
+        for match in re.finditer(r"\]\((?!https?:)([^)#]*)#([^)]+)\)", prose):
+            target = (path.parent / match[1]).resolve() if match[1] else path
+            if str(target.relative_to(REPO)) in PAGES_OF_OTHER_BRANCHES:
+                continue
+            if match[2] not in _anchors(target):
+                broken.append(f"{path.name}:{_line_of(prose, match.start())}: {match[0]}")
+    assert not broken, broken
