@@ -243,12 +243,18 @@ class Quorum:
         """Per member, whether the vote may count its answers (trusted, not paused)."""
         return [inst.trusted and not inst.paused for inst in self.instances]
 
-    async def wait_for_majority(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
+    async def wait_for_majority(
+        self, stop: asyncio.Event, retry_s: float = 1.0, report_max_s: float = 60.0
+    ) -> None:
         """Return once a majority answers; read every epoch; name every instance that
         does not answer.
 
-        Raises `CredentialsRefused` when any instance refuses the URL's credentials.
+        Tries every `retry_s` (a member that comes back is used at once), but says
+        so in one WARNING line at a falling rate: at once, then after 2, 4, 8 ...
+        seconds, at most every `report_max_s`. Raises `CredentialsRefused` when any
+        instance refuses the URL's credentials.
         """
+        next_report, report_every = 0.0, retry_s
         while not stop.is_set():
             await self.refresh_epochs(patient=True)
             # After the round, `failure` is set exactly on the instances that did not answer.
@@ -268,10 +274,15 @@ class Quorum:
                     logger.warning("serving with Redis instances unreachable: %s",
                                    ", ".join(down), extra=names)  # fmt: skip
                 return
-            logger.error(
-                "waiting for a Redis majority (%d of %d); unreachable: %s",
-                self.majority, self.size, ", ".join(down), extra=names,
-            )  # fmt: skip
+            if time.monotonic() >= next_report:
+                report_every = min(report_every * 2, report_max_s)
+                logger.warning(
+                    "cannot reach a Redis majority (%d of %d needed, %d answer); unreachable: "
+                    "%s; not ready, retrying every %gs (next report in %gs)",
+                    self.majority, self.size, self.size - len(failed), ", ".join(down),
+                    retry_s, report_every, extra=names,
+                )  # fmt: skip
+                next_report = time.monotonic() + report_every
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), retry_s)
 
