@@ -32,7 +32,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from gateway import scripts
 from gateway.config import Settings
-from gateway.members import client_for, is_cluster, member_name
+from gateway.members import client_for, member_name, node_client_for
 from gateway.topics import admin_client, existing_topics, needed_topics
 
 CHECK_TIMEOUT_S = 5.0
@@ -150,12 +150,13 @@ async def _member_findings(
                                                        "served by no node"))  # fmt: skip
     else:
         findings.append(Finding(Severity.OK, where, f"all {SLOTS} hash slots served"))
+    timeout_s = settings.redis.timeout.total_seconds()
     for node in client.get_primaries():
-        conn = client.get_redis_connection(node)
-        findings += await _node_findings(
-            conn, f"{where} node {node.name}", settings.redis.key_prefix,
-            commands + CLUSTER_COMMANDS,
-        )  # fmt: skip
+        async with node_client_for(url, node.host, node.port, max(timeout_s, 1.0)) as conn:
+            findings += await _node_findings(
+                conn, f"{where} node {node.name}", settings.redis.key_prefix,
+                commands + CLUSTER_COMMANDS,
+            )  # fmt: skip
     return findings
 
 
@@ -283,7 +284,9 @@ async def _group_findings(admin: AIOKafkaAdminClient, settings: Settings) -> lis
     group = settings.kafka.group_id
     groups = [group, f"{group}.failures"] + ([f"{group}.delay"] if settings.delay.enabled else [])
     findings = []
-    for response in await admin.describe_consumer_groups(groups):
+    # One group per request: a few requests, and answers a broker cannot mix up.
+    responses = [r for g in groups for r in await admin.describe_consumer_groups([g])]
+    for response in responses:
         for code, name, state, *_ in response.groups:
             if code:
                 findings.append(Finding(Severity.ERROR, f"group {name}",
