@@ -238,7 +238,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
             )
         )
     return uvloop.run(
-        commands.redrive(settings, args.limit, dry_run=args.dry_run, output=args.output)
+        commands.redrive(
+            settings, args.limit, dry_run=args.dry_run, output=args.output, verbose=args.verbose
+        )
     )
 
 
