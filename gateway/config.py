@@ -500,9 +500,10 @@ def effective(settings: BaseSettings) -> dict[str, Any]:
         data["kafka"]["client"] = client_properties.masked(data["kafka"]["client"])
     if isinstance(settings, Settings):
         data["redis"]["nodes"] = [masked(n) for n in settings.redis.nodes]
-        # The raw topics once, where they were given: both would not load back.
-        if "lanes" in settings.model_fields_set:
-            del data["kafka"]["raw_topics"]
-        else:
+        # The raw topics once (both would not load back): as `[kafka] raw_topics` when
+        # the lanes are the one lane that stands for it, else as `[[lanes]]`.
+        if settings.lanes == [LaneSettings(name="default", raw_topics=settings.kafka.raw_topics)]:
             del data["lanes"]
+        else:
+            del data["kafka"]["raw_topics"]
     return data
