@@ -137,8 +137,15 @@ def _check_connect(args: argparse.Namespace, settings: Settings) -> int:
         logging.getLogger().setLevel(logging.ERROR)  # the findings say what went wrong
     findings = uvloop.run(connect_check.check(settings))
     if args.output == "json":
-        print(json.dumps([{"severity": f.severity.name, "where": f.where, "message": f.message}
-                          for f in findings], indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                [
+                    {"severity": f.severity.name, "where": f.where, "message": f.message}
+                    for f in findings
+                ],
+                indent=2,
+            )
+        )
     else:
         print("\n".join(f.line() for f in findings))
     return connect_check.exit_code(findings)
@@ -173,9 +180,17 @@ async def _topics_on_broker(args: argparse.Namespace, settings: Settings, specs:
         await admin.close()
     failed = [c for c in created if c.error]
     if args.output == "json":
-        print(json.dumps({"topics": topics.as_json(specs, existing), "dry_run": args.dry_run,
-                          "created": [c.name for c in created if not c.error],
-                          "failed": {c.name: c.error for c in failed}}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "topics": topics.as_json(specs, existing),
+                    "dry_run": args.dry_run,
+                    "created": [c.name for c in created if not c.error],
+                    "failed": {c.name: c.error for c in failed},
+                },
+                indent=2,
+            )
+        )
     else:
         print(topics.render(specs, existing))
         verb = "would create" if args.dry_run else "created"
@@ -323,8 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_text, epilog=EXAMPLES[name],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+        return sub.add_parser(
+            name,
+            help=help_text,
+            epilog=EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
     run = add("run", "run the gateway service")
     run.add_argument(
@@ -333,17 +352,32 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     run.set_defaults(func=cmd_run)
     check = add("check-config", "validate the settings and print them")
-    check.add_argument("--connect", action="store_true",
-                       help="reach every Redis member and the broker; one line per finding")  # fmt: skip
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="reach every Redis member and the broker; one line per finding",
+    )
     check.set_defaults(func=cmd_check_config)
     topics = add("topics", "print the topics the settings need; create the missing ones")
     topics.add_argument("--create", action="store_true", help="create the missing topics")
-    topics.add_argument("--check", action="store_true",
-                        help="show which exist on the broker (exit 1 if any is missing)")  # fmt: skip
-    topics.add_argument("--partitions", type=int, default=6, metavar="N",
-                        help="partitions of the raw, clean and delay topics (default 6)")  # fmt: skip
-    topics.add_argument("--replication-factor", type=int, metavar="N",
-                        help="replicas per partition (default: 3, or fewer brokers)")  # fmt: skip
+    topics.add_argument(
+        "--check",
+        action="store_true",
+        help="show which exist on the broker (exit 1 if any is missing)",
+    )
+    topics.add_argument(
+        "--partitions",
+        type=int,
+        default=6,
+        metavar="N",
+        help="partitions of the raw, clean and delay topics (default 6)",
+    )
+    topics.add_argument(
+        "--replication-factor",
+        type=int,
+        metavar="N",
+        help="replicas per partition (default: 3, or fewer brokers)",
+    )
     topics.set_defaults(func=cmd_topics)
 
     inspect_ = add("inspect", "show an id's mark on every Redis instance")
@@ -378,8 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
     for command in (check, topics, inspect_, release, redrive, rebuild, pause, resume):
         command.add_argument("--output", choices=("text", "json"), default="text")
-        command.add_argument("-v", "--verbose", action="store_true",
-                             help="also the service's INFO log lines (warnings only without)")  # fmt: skip
+        command.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="also the service's INFO log lines (warnings only without)",
+        )
     for command in (topics, inspect_, release, redrive, rebuild, pause, resume):
         command.set_defaults(quiet=True)
     return parser

@@ -19,9 +19,9 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    PlainSerializer,
     ConfigDict,
     Field,
+    PlainSerializer,
     SecretStr,
     ValidationError,
     ValidationInfo,

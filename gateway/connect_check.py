@@ -78,8 +78,12 @@ def script_commands() -> list[tuple[str, ...]]:
 CLIENT_COMMANDS: list[tuple[str, ...]] = [("EVALSHA",), ("SCRIPT", "LOAD"), ("PING",)]
 # What a cluster client adds (docs/operations.md, Redis Cluster members).
 CLUSTER_COMMANDS: list[tuple[str, ...]] = [
-    ("CLUSTER", "SLOTS"), ("CLUSTER", "SHARDS"), ("CLUSTER", "NODES"), ("READONLY",), ("ASKING",),
-]  # fmt: skip
+    ("CLUSTER", "SLOTS"),
+    ("CLUSTER", "SHARDS"),
+    ("CLUSTER", "NODES"),
+    ("READONLY",),
+    ("ASKING",),
+]
 
 # ARGV: a key under the prefix, then per command its word count and words; returns
 # the commands the user may not run (with that key where they take one).
@@ -106,11 +110,14 @@ async def check(settings: Settings, timeout_s: float = CHECK_TIMEOUT_S) -> list[
     findings = [f for found in members for f in found]
     reached = sum(1 for found in members if all(f.severity < Severity.ERROR for f in found))
     if reached < settings.quorum:
-        findings.append(Finding(
-            Severity.ERROR, "redis",
-            f"{reached} of {len(members)} members fully usable, a majority needs "
-            f"{settings.quorum}: the gateway would wait unready",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "redis",
+                f"{reached} of {len(members)} members fully usable, a majority needs "
+                f"{settings.quorum}: the gateway would wait unready",
+            )
+        )
     findings += await _check_kafka(settings, timeout_s)
     return findings
 
@@ -132,31 +139,43 @@ async def _member_findings(
     try:
         await client.ping()
     except AuthenticationError as exc:
-        return [Finding(Severity.ERROR, where, f"credentials refused ({exc}); "
-                                               "check the user and password in the URL")]  # fmt: skip
+        return [
+            Finding(
+                Severity.ERROR,
+                where,
+                f"credentials refused ({exc}); check the user and password in the URL",
+            )
+        ]
     except NoPermissionError:
         return [Finding(Severity.ERROR, where, "the user may not run PING")]
     except (RedisError, OSError) as exc:
         return [Finding(Severity.ERROR, where, f"cannot reach it: {exc}")]
     commands = script_commands() + CLIENT_COMMANDS
     if not isinstance(client, RedisCluster):
-        return [Finding(Severity.OK, where, "reached, authenticated"),
-                *await _node_findings(client, where, settings.redis.key_prefix, commands)]  # fmt: skip
+        return [
+            Finding(Severity.OK, where, "reached, authenticated"),
+            *await _node_findings(client, where, settings.redis.key_prefix, commands),
+        ]
     findings = [Finding(Severity.OK, where, "reached, authenticated")]
     served = client.nodes_manager.slots_cache
     unserved = SLOTS - sum(1 for slot in range(SLOTS) if served.get(slot))
     if unserved:
-        findings.append(Finding(Severity.ERROR, where, f"{unserved} of {SLOTS} hash slots are "
-                                                       "served by no node"))  # fmt: skip
+        findings.append(
+            Finding(
+                Severity.ERROR, where, f"{unserved} of {SLOTS} hash slots are served by no node"
+            )
+        )
     else:
         findings.append(Finding(Severity.OK, where, f"all {SLOTS} hash slots served"))
     timeout_s = settings.redis.timeout.total_seconds()
     for node in client.get_primaries():
-        async with node_client_for(url, node.host, node.port, max(timeout_s, 1.0)) as conn:
+        async with node_client_for(url, node.host, int(node.port), max(timeout_s, 1.0)) as conn:
             findings += await _node_findings(
-                conn, f"{where} node {node.name}", settings.redis.key_prefix,
+                conn,
+                f"{where} node {node.name}",
+                settings.redis.key_prefix,
                 commands + CLUSTER_COMMANDS,
-            )  # fmt: skip
+            )
     return findings
 
 
@@ -170,21 +189,36 @@ async def _node_findings(
     try:
         denied = await client.eval(PERMISSION_PROBE, 0, *argv)
     except NoPermissionError:
-        findings.append(Finding(Severity.ERROR, where,
-                                "the user may not run EVAL, so its command rights cannot be "
-                                "read; the gateway needs EVALSHA and SCRIPT LOAD"))  # fmt: skip
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                where,
+                "the user may not run EVAL, so its command rights cannot be "
+                "read; the gateway needs EVALSHA and SCRIPT LOAD",
+            )
+        )
     except RedisError as exc:
         findings.append(Finding(Severity.ERROR, where, f"permission probe failed: {exc}"))
     else:
         names = [d.decode() if isinstance(d, bytes) else str(d) for d in denied]
         if names:
-            findings.append(Finding(Severity.ERROR, where,
-                                    f"the user may not run {', '.join(names)} on keys "
-                                    f"'{prefix}*' (docs/operations.md, Security)"))  # fmt: skip
+            findings.append(
+                Finding(
+                    Severity.ERROR,
+                    where,
+                    f"the user may not run {', '.join(names)} on keys "
+                    f"'{prefix}*' (docs/operations.md, Security)",
+                )
+            )
         else:
-            findings.append(Finding(Severity.OK, where,
-                                    f"the user may run the {len(commands)} commands the gateway "
-                                    f"uses on keys '{prefix}*'"))  # fmt: skip
+            findings.append(
+                Finding(
+                    Severity.OK,
+                    where,
+                    f"the user may run the {len(commands)} commands the gateway "
+                    f"uses on keys '{prefix}*'",
+                )
+            )
     findings.append(await _memory_policy(client, where))
     return findings
 
@@ -193,19 +227,32 @@ async def _memory_policy(client: Any, where: str) -> Finding:
     try:
         memory = await client.info("memory")
     except NoPermissionError:
-        return Finding(Severity.WARN, where, "cannot read maxmemory-policy (the user may not run "
-                                             "INFO); it must be noeviction")  # fmt: skip
+        return Finding(
+            Severity.WARN,
+            where,
+            "cannot read maxmemory-policy (the user may not run INFO); it must be noeviction",
+        )
     except RedisError as exc:
         return Finding(Severity.WARN, where, f"cannot read maxmemory-policy: {exc}")
     policy = memory.get("maxmemory_policy")
     if policy != "noeviction":
-        return Finding(Severity.ERROR, where, f"maxmemory-policy is {policy}: evicted marks let "
-                                              "copies through; set noeviction")  # fmt: skip
+        return Finding(
+            Severity.ERROR,
+            where,
+            f"maxmemory-policy is {policy}: evicted marks let copies through; set noeviction",
+        )
     if not memory.get("maxmemory"):
-        return Finding(Severity.WARN, where, "maxmemory-policy noeviction, but no maxmemory: "
-                                             "Redis may grow until the host runs out")  # fmt: skip
-    return Finding(Severity.OK, where, f"maxmemory-policy noeviction, maxmemory "
-                                       f"{memory.get('maxmemory_human', memory['maxmemory'])}")  # fmt: skip
+        return Finding(
+            Severity.WARN,
+            where,
+            "maxmemory-policy noeviction, but no maxmemory: Redis may grow until the host runs out",
+        )
+    return Finding(
+        Severity.OK,
+        where,
+        f"maxmemory-policy noeviction, maxmemory "
+        f"{memory.get('maxmemory_human', memory['maxmemory'])}",
+    )
 
 
 async def _check_kafka(settings: Settings, timeout_s: float) -> list[Finding]:
@@ -218,8 +265,10 @@ async def _check_kafka(settings: Settings, timeout_s: float) -> list[Finding]:
         await admin.close()
         return [Finding(Severity.ERROR, where, f"cannot reach the broker: {exc!r}")]
     try:
-        return [Finding(Severity.OK, where, "reached"),
-                *await asyncio.wait_for(_broker_findings(admin, settings), timeout_s * 3)]  # fmt: skip
+        return [
+            Finding(Severity.OK, where, "reached"),
+            *await asyncio.wait_for(_broker_findings(admin, settings), timeout_s * 3),
+        ]
     except (TimeoutError, KafkaError) as exc:
         return [Finding(Severity.ERROR, where, f"the broker stopped answering: {exc!r}")]
     finally:
@@ -232,30 +281,48 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
     findings = []
     for spec in specs:
         if spec.name not in existing:
-            findings.append(Finding(Severity.ERROR, f"topic {spec.name}",
-                                    f"missing ({spec.role}); create it: "
-                                    "dedup-gateway topics --create"))  # fmt: skip
+            findings.append(
+                Finding(
+                    Severity.ERROR,
+                    f"topic {spec.name}",
+                    f"missing ({spec.role}); create it: dedup-gateway topics --create",
+                )
+            )
     for lane in settings.lanes:
         clean = lane.clean_topic or settings.kafka.clean_topic
         for raw in lane.raw_topics:
             if raw in existing and clean in existing and existing[clean] < existing[raw]:
-                findings.append(Finding(Severity.WARN, f"topic {clean}",
-                                        f"{existing[clean]} partitions, fewer than raw topic "
-                                        f"{raw}'s {existing[raw]}: records of several raw "
-                                        "partitions share one clean partition"))  # fmt: skip
+                findings.append(
+                    Finding(
+                        Severity.WARN,
+                        f"topic {clean}",
+                        f"{existing[clean]} partitions, fewer than raw topic "
+                        f"{raw}'s {existing[raw]}: records of several raw "
+                        "partitions share one clean partition",
+                    )
+                )
     configs = await _topic_configs(admin, [s.name for s in specs if s.name in existing])
     largest_tier_ms = max(settings.delay.tiers).total_seconds() * 1000
     for spec in specs:
         config = configs.get(spec.name, {})
         retention = int(config.get("retention.ms") or -1)
         if spec.role == "delay" and 0 <= retention < largest_tier_ms:
-            findings.append(Finding(Severity.WARN, f"topic {spec.name}",
-                                    f"retention.ms {retention} is shorter than the largest tier: "
-                                    "a waiting record may be deleted"))  # fmt: skip
+            findings.append(
+                Finding(
+                    Severity.WARN,
+                    f"topic {spec.name}",
+                    f"retention.ms {retention} is shorter than the largest tier: "
+                    "a waiting record may be deleted",
+                )
+            )
         if spec.role == "raw" and "compact" in config.get("cleanup.policy", ""):
-            findings.append(Finding(Severity.WARN, f"topic {spec.name}",
-                                    "compacted: a failed record compacted away cannot be "
-                                    "retried (raw_record_gone)"))  # fmt: skip
+            findings.append(
+                Finding(
+                    Severity.WARN,
+                    f"topic {spec.name}",
+                    "compacted: a failed record compacted away cannot be retried (raw_record_gone)",
+                )
+            )
     present = sum(1 for s in specs if s.name in existing)
     findings.append(Finding(Severity.OK, "kafka", f"{present} of {len(specs)} topics exist"))
     findings += await _group_findings(admin, settings)
@@ -289,11 +356,16 @@ async def _group_findings(admin: AIOKafkaAdminClient, settings: Settings) -> lis
     for response in responses:
         for code, name, state, *_ in response.groups:
             if code:
-                findings.append(Finding(Severity.ERROR, f"group {name}",
-                                        f"cannot be used (Kafka error code {code}); check the "
-                                        "user's ACLs on it"))  # fmt: skip
+                findings.append(
+                    Finding(
+                        Severity.ERROR,
+                        f"group {name}",
+                        f"cannot be used (Kafka error code {code}); check the user's ACLs on it",
+                    )
+                )
             else:
                 state_text = state or "unknown"
-                findings.append(Finding(Severity.OK, f"group {name}",
-                                        f"usable (state {state_text})"))  # fmt: skip
+                findings.append(
+                    Finding(Severity.OK, f"group {name}", f"usable (state {state_text})")
+                )
     return findings

@@ -26,7 +26,7 @@ class TokenError(Exception):
     """No token could be had from the configured source."""
 
 
-class StaticToken(AbstractTokenProvider):
+class StaticToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
     def __init__(self, token: str) -> None:
         self._token = token
 
@@ -34,7 +34,7 @@ class StaticToken(AbstractTokenProvider):
         return self._token
 
 
-class FileToken(AbstractTokenProvider):
+class FileToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
     def __init__(self, path: Path) -> None:
         self.path = path
 
@@ -48,7 +48,7 @@ class FileToken(AbstractTokenProvider):
         return text.strip()
 
 
-class CommandToken(AbstractTokenProvider):
+class CommandToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
     def __init__(self, command: str) -> None:
         self.argv = shlex.split(command)
 

@@ -406,8 +406,8 @@ class _Redrive:
             committed = [await self.consumer.committed(tp) for tp in tps]
         except KafkaError:
             return None
-        left = sum(max(0, ends[tp] - (c if c is not None else starts[tp]))
-                   for tp, c in zip(tps, committed, strict=True))  # fmt: skip
+        left: int = sum(max(0, int(ends[tp]) - int(c if c is not None else starts[tp]))
+                        for tp, c in zip(tps, committed, strict=True))  # fmt: skip
         return left if limit is None else min(left, limit)
 
     async def _commit(self, tp: TopicPartition, rec: Record) -> None:

@@ -35,10 +35,10 @@ from typing import Any, Literal
 
 from gateway.config import Settings
 from gateway.keys import EPOCH_TRUSTED
-from gateway.scripts import SLICES_BACK
 from gateway.metrics import Metrics
 from gateway.progress import Progress
 from gateway.quorum import Imported, Instance, Quorum
+from gateway.scripts import SLICES_BACK
 from gateway.vote import leader
 
 OK, FAILED, USAGE = 0, 1, 2  # exit codes
@@ -92,9 +92,7 @@ async def rebuild(
     return code
 
 
-async def _rebuild(
-    quorum: Quorum, report: Report, source: str | None, progress: Progress
-) -> int:
+async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress: Progress) -> int:
     names = [inst.name for inst in quorum.instances]
     await quorum.refresh_epochs()
     target = _named(quorum, report.member)
@@ -113,8 +111,7 @@ async def _rebuild(
         sources = [i for i in quorum.instances if i is not target and i.up and i.trusted]
         if not sources:
             raise RebuildError(
-                "no trusted member to copy from; name one with --from to take its marks "
-                "as they are"
+                "no trusted member to copy from; name one with --from to take its marks as they are"
             )
     report.sources = [s.name for s in sources]
     if not target.up or target.epoch is None:
@@ -158,8 +155,8 @@ async def _copy_from(
             # How far: slices of a group are read newest first, each shard by shard
             # (an estimate: the live slices are about SLICES_BACK + 1).
             slices_seen += next_slice != cursor[0]
-            in_group = 1.0 if done else (slices_seen - 1 + int(next_shard) / buckets) / (
-                SLICES_BACK + 1
+            in_group = (
+                1.0 if done else (slices_seen - 1 + int(next_shard) / buckets) / (SLICES_BACK + 1)
             )
             progress.advance(len(found), (n + (group + min(in_group, 1.0)) / groups) / len(sources))
             if done:

@@ -61,29 +61,60 @@ def needed_topics(settings: Settings, partitions: int = DEFAULT_PARTITIONS) -> l
     for lane in settings.lanes:
         for raw in lane.raw_topics:
             specs.append(TopicSpec(raw, "raw", partitions, RETENTION, "your producers", gateways))
-    clean_topics = dict.fromkeys(
-        [lane.clean_topic or kafka.clean_topic for lane in settings.lanes]
-    )
+    clean_topics = dict.fromkeys([lane.clean_topic or kafka.clean_topic for lane in settings.lanes])
     for clean in clean_topics:
-        specs.append(TopicSpec(clean, "clean", partitions, RETENTION, "dedup-gateway",
-                               "the Spark job (spark_sink), your consumers"))  # fmt: skip
+        specs.append(
+            TopicSpec(
+                clean,
+                "clean",
+                partitions,
+                RETENTION,
+                "dedup-gateway",
+                "the Spark job (spark_sink), your consumers",
+            )
+        )
     if settings.delay.enabled:
         largest = max(settings.delay.tiers)
         for tier in settings.delay.tiers:
             # A record waits in a tier up to its delay; an outage adds to that.
             retention = max(RETENTION, largest + timedelta(days=1))
-            specs.append(TopicSpec(tier_topic(kafka.clean_topic, tier), "delay", partitions,
-                                   retention, "dedup-gateway",
-                                   f"dedup-gateway (group {kafka.group_id}.delay)"))  # fmt: skip
+            specs.append(
+                TopicSpec(
+                    tier_topic(kafka.clean_topic, tier),
+                    "delay",
+                    partitions,
+                    retention,
+                    "dedup-gateway",
+                    f"dedup-gateway (group {kafka.group_id}.delay)",
+                )
+            )
     small = max(1, min(partitions, 3))
     specs += [
-        TopicSpec(kafka.failure_topic, "failure", small, RETENTION, "the Spark job (spark_sink)",
-                  f"dedup-gateway (group {kafka.group_id}.failures)"),
-        TopicSpec(kafka.quarantine_topic, "quarantine", small, RETENTION, "dedup-gateway",
-                  "operators (bad input to fix at its producer)"),
-        TopicSpec(kafka.dead_letter_topic, "dead-letter", small, RETENTION, "dedup-gateway",
-                  f"dedup-gateway redrive (group {kafka.group_id}.redrive)"),
-    ]  # fmt: skip
+        TopicSpec(
+            kafka.failure_topic,
+            "failure",
+            small,
+            RETENTION,
+            "the Spark job (spark_sink)",
+            f"dedup-gateway (group {kafka.group_id}.failures)",
+        ),
+        TopicSpec(
+            kafka.quarantine_topic,
+            "quarantine",
+            small,
+            RETENTION,
+            "dedup-gateway",
+            "operators (bad input to fix at its producer)",
+        ),
+        TopicSpec(
+            kafka.dead_letter_topic,
+            "dead-letter",
+            small,
+            RETENTION,
+            "dedup-gateway",
+            f"dedup-gateway redrive (group {kafka.group_id}.redrive)",
+        ),
+    ]
     seen: set[str] = set()
     unique = []
     for spec in specs:  # a name may be given twice (e.g. quarantine = dead letter)
@@ -100,8 +131,15 @@ def render(specs: list[TopicSpec], existing: dict[str, int] | None) -> str:
         header.append("on the broker")
     rows = []
     for spec in specs:
-        row = [spec.name, spec.role, str(spec.partitions), str(format_duration(spec.retention)),
-               spec.cleanup, spec.writers, spec.readers]  # fmt: skip
+        row = [
+            spec.name,
+            spec.role,
+            str(spec.partitions),
+            str(format_duration(spec.retention)),
+            spec.cleanup,
+            spec.writers,
+            spec.readers,
+        ]
         if existing is not None:
             have = existing.get(spec.name)
             row.append("MISSING" if have is None else f"exists, {have} partitions")

@@ -15,24 +15,48 @@ from tests.conftest import redis_urls
 from tests.ops.test_redis_acl import documented_acl
 
 
-def write_config(path: Path, broker: str, prefix: str, nodes: list[str], delay: bool = False) -> Path:
-    lines = [
-        "[kafka]", f'bootstrap_servers = "{broker}"', f'clean_topic = "{prefix}-clean"',
-        f'failure_topic = "{prefix}-failures"', f'quarantine_topic = "{prefix}-quarantine"',
-        f'dead_letter_topic = "{prefix}-dead"', f'group_id = "{prefix}-group"',
-        "[redis]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]",
-        "[delay]", f"enabled = {'true' if delay else 'false'}", 'tiers = ["1s", "1m"]',
-        "[[lanes]]", 'name = "orders"', f'raw_topics = ["{prefix}-orders"]',
-        f'clean_topic = "{prefix}-orders-clean"',
-        "[[lanes]]", 'name = "bulk"', f'raw_topics = ["{prefix}-bulk"]',
-    ] if not delay else [
-        "[kafka]", f'bootstrap_servers = "{broker}"', f'raw_topics = ["{prefix}-raw"]',
-        f'clean_topic = "{prefix}-clean"', f'failure_topic = "{prefix}-failures"',
-        f'quarantine_topic = "{prefix}-quarantine"', f'dead_letter_topic = "{prefix}-dead"',
-        f'group_id = "{prefix}-group"',
-        "[redis]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]",
-        "[delay]", "enabled = true", 'tiers = ["1s", "1m"]',
-    ]  # fmt: skip
+def write_config(
+    path: Path, broker: str, prefix: str, nodes: list[str], delay: bool = False
+) -> Path:
+    lines = (
+        [
+            "[kafka]",
+            f'bootstrap_servers = "{broker}"',
+            f'clean_topic = "{prefix}-clean"',
+            f'failure_topic = "{prefix}-failures"',
+            f'quarantine_topic = "{prefix}-quarantine"',
+            f'dead_letter_topic = "{prefix}-dead"',
+            f'group_id = "{prefix}-group"',
+            "[redis]",
+            "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]",
+            "[delay]",
+            f"enabled = {'true' if delay else 'false'}",
+            'tiers = ["1s", "1m"]',
+            "[[lanes]]",
+            'name = "orders"',
+            f'raw_topics = ["{prefix}-orders"]',
+            f'clean_topic = "{prefix}-orders-clean"',
+            "[[lanes]]",
+            'name = "bulk"',
+            f'raw_topics = ["{prefix}-bulk"]',
+        ]
+        if not delay
+        else [
+            "[kafka]",
+            f'bootstrap_servers = "{broker}"',
+            f'raw_topics = ["{prefix}-raw"]',
+            f'clean_topic = "{prefix}-clean"',
+            f'failure_topic = "{prefix}-failures"',
+            f'quarantine_topic = "{prefix}-quarantine"',
+            f'dead_letter_topic = "{prefix}-dead"',
+            f'group_id = "{prefix}-group"',
+            "[redis]",
+            "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]",
+            "[delay]",
+            "enabled = true",
+            'tiers = ["1s", "1m"]',
+        ]
+    )
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -52,8 +76,15 @@ def bounded(servers: list) -> None:
 def test_topics_prints_the_table_and_creates_the_missing_ones(broker, names, tmp_path, capsys):
     prefix = names("first")
     config = str(write_config(tmp_path / "g.toml", broker, prefix, ["redis://127.0.0.1:1/0"]))
-    wanted = [f"{prefix}-orders", f"{prefix}-bulk", f"{prefix}-orders-clean", f"{prefix}-clean",
-              f"{prefix}-failures", f"{prefix}-quarantine", f"{prefix}-dead"]  # fmt: skip
+    wanted = [
+        f"{prefix}-orders",
+        f"{prefix}-bulk",
+        f"{prefix}-orders-clean",
+        f"{prefix}-clean",
+        f"{prefix}-failures",
+        f"{prefix}-quarantine",
+        f"{prefix}-dead",
+    ]
     code, table = run(capsys, "topics", "--config", config)
     assert code == 0
     for name in wanted:
@@ -80,8 +111,9 @@ def test_topics_creates_the_delay_tiers_with_a_retention_past_the_largest(
     broker, names, tmp_path, capsys
 ):
     prefix = names("tiers")
-    config = str(write_config(tmp_path / "g.toml", broker, prefix, ["redis://127.0.0.1:1/0"],
-                              delay=True))  # fmt: skip
+    config = str(
+        write_config(tmp_path / "g.toml", broker, prefix, ["redis://127.0.0.1:1/0"], delay=True)
+    )
     code, out = run(capsys, "topics", "--config", config, "--create", "--output", "json")
     assert code == 0
     import json
@@ -137,7 +169,10 @@ def test_connect_check_names_a_missing_topic(broker, names, tmp_path, redis_serv
     config = write_config(tmp_path / "g.toml", broker, prefix, redis_urls(servers))
     code, out = run(capsys, "check-config", "--config", str(config), "--connect")
     assert code == 3
-    assert f"ERROR topic {prefix}-orders: missing (raw); create it: dedup-gateway topics --create" in out
+    assert (
+        f"ERROR topic {prefix}-orders: missing (raw); create it: dedup-gateway topics --create"
+        in out
+    )
 
 
 def test_connect_check_names_a_wrong_password_and_a_member_down(
@@ -148,8 +183,10 @@ def test_connect_check_names_a_wrong_password_and_a_member_down(
         with redis.Redis(port=server.port, password="right-pw") as r:
             r.config_set("maxmemory", "100mb")
     servers[1].stop()
-    urls = [f"redis://:{pw}@127.0.0.1:{s.port}/0"
-            for pw, s in zip(["right-pw", "right-pw", "wrong-pw"], servers, strict=True)]  # fmt: skip
+    urls = [
+        f"redis://:{pw}@127.0.0.1:{s.port}/0"
+        for pw, s in zip(["right-pw", "right-pw", "wrong-pw"], servers, strict=True)
+    ]
     config = write_config(tmp_path / "g.toml", broker, names("auth"), urls)
     code, out = run(capsys, "check-config", "--config", str(config), "--connect")
     assert code == 3

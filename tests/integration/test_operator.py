@@ -111,7 +111,10 @@ async def test_redrive_reinjects_a_dead_letter_which_is_then_forwarded_again(
         assert " INFO " not in result.stderr
         (last,) = [json.loads(line) for line in result.stderr.splitlines()]
         assert (last["progress"], last["done"], last["total"], last["eta_s"]) == (
-            "redrive", 2, 2, 0.0
+            "redrive",
+            2,
+            2,
+            0.0,
         )
         assert last["rate_per_s"] > 0
         await wait_committed(broker, topics.group, topics.raw, {0: 2})

@@ -6,7 +6,15 @@ from __future__ import annotations
 import asyncio
 import time
 
-from devtools.harness import Topics, clean_ids, eventually, make_settings, produce, start_process, write_toml
+from devtools.harness import (
+    Topics,
+    clean_ids,
+    eventually,
+    make_settings,
+    produce,
+    start_process,
+    write_toml,
+)
 from devtools.topics import wait_committed
 from tests.conftest import redis_urls
 

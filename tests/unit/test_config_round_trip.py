@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.cli import build_parser, main
-from spark_sink.config import load_sink_settings
 from gateway.config import ConfigError, effective, format_duration, load_settings, parse_duration
+from spark_sink.config import load_sink_settings
 
 FULL = """
 [kafka]
@@ -77,7 +77,10 @@ def test_a_duration_spelled_out_reads_back_as_itself(micros):
 
 def test_durations_are_spelled_as_the_config_takes_them():
     assert [format_duration(timedelta(seconds=s)) for s in (0, 0.1, 5400, 86400 + 1.5)] == [
-        "0s", "100ms", "1h30m", "1d1s500ms"
+        "0s",
+        "100ms",
+        "1h30m",
+        "1d1s500ms",
     ]
 
 
@@ -126,7 +129,7 @@ def test_a_bogus_key_under_spark_stops_check_config_naming_it(tmp_path, capsys):
 
 
 def test_a_bogus_kafka_client_value_stops_start_up_naming_the_table():
-    with pytest.raises(ConfigError, match="kafka.client"):
+    with pytest.raises(ConfigError, match=r"kafka\.client"):
         load_settings(kafka={"client": {"client.id": {"nested": 1}}})
 
 

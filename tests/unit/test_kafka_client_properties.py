@@ -60,7 +60,7 @@ def test_a_property_that_cannot_be_used_stops_start_up_naming_it(client, named):
 
 
 def test_sasl_mechanism_in_both_places_is_refused():
-    with pytest.raises(ConfigError, match="kafka.sasl_mechanism is set already"):
+    with pytest.raises(ConfigError, match=r"kafka\.sasl_mechanism is set already"):
         kafka_with({"sasl.mechanism": "GSSAPI"}, sasl_mechanism="PLAIN")
 
 
