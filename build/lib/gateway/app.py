@@ -1,0 +1,156 @@
+"""Wiring and lifecycle: start, run, stop. The data path itself lives elsewhere.
+
+start: health endpoint, wait for a Redis majority, producer, the raw consumer
+(join the group), the failure loop's consumers. run: the raw fetch loop
+(gateway/source.py) and the failure loop (gateway/failures.py) side by side.
+stop (the stop event, e.g. SIGTERM): stop fetching, finish and commit the
+batch in hand, leave the groups, flush and close; teardown runs in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from gateway.coalesce import Coalescer
+from gateway.config import Settings
+from gateway.delay import start_delay_loop
+from gateway.failures import FailureLoop, RawFetcher
+from gateway.health import HealthServer
+from gateway.kafka import build_consumer, build_producer, stop_all_within
+from gateway.lanes import LaneScheduler
+from gateway.members import member_name
+from gateway.metrics import Metrics
+from gateway.pausing import BlockedPartitions
+from gateway.pipeline import Pipeline
+from gateway.quorum import Quorum
+from gateway.sink import Sink
+from gateway.source import RawSource
+
+logger = logging.getLogger(__name__)
+
+READINESS_EVERY_S = 1.0
+
+
+class Gateway:
+    """The dedup gateway service. `await Gateway(settings).run(stop_event)`.
+
+    `quorum` and `metrics` may be injected (the benchmark's naive variant, tests
+    that read counters); by default they are built from `settings`.
+    """
+
+    def __init__(
+        self, settings: Settings, *, quorum: Quorum | None = None, metrics: Metrics | None = None
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.metrics.preinit(settings)
+        self.quorum = quorum or Quorum(settings.redis, self.metrics)
+        self.health = HealthServer(
+            self.metrics.registry, self.readiness, settings.metrics.host, settings.metrics.port
+        )
+        dedup = settings.dedup
+        self.blocked = BlockedPartitions(
+            dedup.retry_backoff_initial.total_seconds(),
+            dedup.retry_backoff_max.total_seconds(),
+            self.metrics,
+        )
+        self.source: RawSource | None = None
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready unless it cannot work: no Redis majority, or partitions blocked.
+
+        A member without partitions (the group has more members than
+        partitions) is ready: it takes over as soon as one moves to it.
+        """
+        if not self.quorum.healthy:
+            return False, self.quorum.why_unhealthy()
+        if len(self.blocked):
+            return False, f"{len(self.blocked)} partition(s) blocked on undecided votes"
+        if self.source is None:
+            return False, "starting"
+        return True, "ready"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        kafka = self.settings.kafka
+        logger.info(
+            "starting: raw=%s clean=%s group=%s redis=[%s] id=%s on_no_quorum=%s",
+            ",".join(kafka.raw_topics), kafka.clean_topic, kafka.group_id,
+            ", ".join(member_name(n) for n in self.settings.redis.nodes),
+            self.settings.dedup.id, self.settings.dedup.on_no_quorum,
+        )  # fmt: skip
+        async with contextlib.AsyncExitStack() as stack:
+            await self.health.start()
+            stack.push_async_callback(self.health.stop)
+            stack.push_async_callback(self.quorum.close)
+            await self.quorum.wait_for_majority(stop)
+            if stop.is_set():
+                return
+            producer = build_producer(kafka)
+            await producer.start()
+            stack.push_async_callback(producer.stop)
+            delay = None
+            if self.settings.delay.enabled:  # before any record is routed to a tier topic
+                closer = (
+                    Coalescer(self.settings, self.quorum, self.metrics)
+                    if self.settings.coalesce.enabled
+                    else None
+                )
+                delay = await start_delay_loop(self.settings, producer, self.metrics, stack, closer)
+            consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
+            stack.push_async_callback(stop_all_within, consumers)  # for a held join
+            consumer = build_consumer(
+                kafka,
+                kafka.group_id,
+                max_partition_fetch_bytes=4 * 1024 * 1024,
+                fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
+            )
+            await consumer.start()
+            consumers.append(consumer)
+            sink = Sink(producer, kafka, self.metrics)
+            pipeline = Pipeline(self.settings, self.quorum, sink, self.metrics)
+            lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
+            source = RawSource(
+                consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
+                lanes if lanes.active else None,
+            )  # fmt: skip
+            consumer.subscribe(kafka.raw_topics, listener=source.listener())
+            if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
+                await lanes.first_read(consumer)
+
+            failures = FailureLoop(self.settings, self.quorum, producer, self.metrics)
+            commands = build_consumer(kafka, f"{kafka.group_id}.failures")
+            await commands.start()
+            consumers.append(commands)
+            commands.subscribe([kafka.failure_topic], listener=failures.listener())
+            raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
+            await raw_reader.start()
+            consumers.append(raw_reader)
+            self.source = source
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(source.run(stop))
+                tasks.create_task(failures.run(commands, RawFetcher(raw_reader), stop))
+                tasks.create_task(self._report_readiness(stop))
+                if delay is not None:
+                    tasks.create_task(delay.run(stop))
+                if lanes.active:
+                    tasks.create_task(lanes.run(consumer, stop))
+                tasks.create_task(self.quorum.watch(stop))
+        logger.info("stopped after %d batches", self.batches)
+
+    def partitions(self) -> set[TopicPartition]:
+        """The raw partitions assigned to this gateway now."""
+        return self.source.consumer.assignment() if self.source is not None else set()
+
+    @property
+    def batches(self) -> int:
+        return self.source.batches if self.source is not None else 0
+
+    async def _report_readiness(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.metrics.ready.set(1 if self.readiness()[0] else 0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), READINESS_EVERY_S)

@@ -1,0 +1,110 @@
+"""The majority vote over the instances' replies: a pure function.
+
+Each instance replies, for one record, with MINE (the mark is held by this
+record), another owner's token, or nothing (down, timed out, error). With N
+instances and m = N//2 + 1:
+- m or more hold this record's mark: FORWARD;
+- m or more hold one other owner's mark: DUPLICATE of that owner;
+- every counted instance answered, they are at least m, but no owner has m
+  (copies claimed concurrently on different instances): the owner with the
+  most marks wins, ties going to the smallest token. Every gateway that sees
+  all those replies sees the same marks (a mark is set once, and only repair
+  rewrites it, towards the winner), so every gateway picks the same winner
+  and exactly one copy is forwarded. One exception: a released mark is taken
+  over by the next copy, so two copies taking the same tombstone at once on
+  different instances can, in rare orders, each win on some gateway;
+- otherwise (too few answers to know): UNDECIDED, handled by `on_no_quorum`.
+
+Released marks (release mode, gateway/keys.py) hold `-<token>`: the id is
+free, and `token` must never own it again. An instance may not have seen the
+release yet (it runs on each instance in turn, racing claims), so a token
+whose release any answer shows counts as released everywhere: a tombstone
+`-T` on one instance and `T` on another are two tombstones; a claim that took
+a tombstone answers `=T` (mine, and `T` was released). Tombstones never beat a
+live owner. Without this, a replay of the released record racing its release
+won a 1:1 tie (`T` is one character shorter than `-T`) and was forwarded with
+the token the job had already processed, and the repair brought `T` back: the
+id was never processed again (chaos seed 19).
+
+Instances that lost their marks (recovering) are not counted: their replies
+come as None and `counted` says how many are. With one of three recovering, a
+1:1 split of the other two is thus decided like a split of all three: without
+that, two copies claimed at the same moment by two gateways stayed undecided
+until a rebuild, blocking their partitions (found by the chaos schedule, seed
+37). What it gives up: if one of the two had missed the first copy's mark (no
+answer, its fill still queued) while the third lost its data, a later copy
+can win the tie: two instances' faults at once, beyond the one-member
+guarantee, and the same tie rule `dedup-gateway rebuild` applies.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.keys import TOMBSTONE
+
+MINE = 1
+# MINE, another owner's token (a tombstone: `-<token>`), `=<token>` (mine, taken
+# over <token>'s tombstone), or no answer.
+Reply = int | str | None
+TOOK_OVER = "="
+
+
+class Outcome(enum.Enum):
+    FORWARD = "forward"
+    DUPLICATE = "duplicate"
+    UNDECIDED = "undecided"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    winner: str | None  # the owning token when decided
+
+
+def decide(own: str, replies: Sequence[Reply], quorum: int, counted: int | None = None) -> Decision:
+    """Decide one record from its per-instance replies (see module docstring).
+
+    A reply that is not counted (an instance that lost its marks) is passed as
+    None, and `counted` is the number of counted instances (default: all).
+    """
+    answered = [reply for reply in replies if reply is not None]
+    if not answered:
+        return Decision(Outcome.UNDECIDED, None)
+    released = {r[1:] for r in answered if type(r) is str and r[:1] == TOOK_OVER}
+    owners = Counter(holder(own, reply) for reply in answered)
+    winner, marks = leader(owners, released)
+    expected = len(replies) if counted is None else counted
+    if marks < quorum and (len(answered) < expected or expected < quorum):
+        return Decision(Outcome.UNDECIDED, None)
+    return Decision(Outcome.FORWARD if winner == own else Outcome.DUPLICATE, winner)
+
+
+def holder(own: str, reply: Reply) -> str:
+    """Who holds the mark on an instance that answered `reply` to `own`'s claim."""
+    if reply == MINE or (type(reply) is str and reply[:1] == TOOK_OVER):
+        return own
+    return str(reply)
+
+
+def leader(owners: Mapping[str, int], released: Iterable[str] = ()) -> tuple[str, int]:
+    """The owner with the most marks and its count; among equals, the smallest token
+    (a rule every gateway, and a rebuild, shares). `owners` must not be empty.
+
+    A token in `released`, or whose tombstone is among `owners`, counts as its
+    tombstone; tombstones come after every live owner, whatever their counts.
+    """
+    dead = {o[1:] for o in owners if o[:1] == TOMBSTONE}.union(released)
+    if dead:
+        folded: Counter[str] = Counter()
+        for owner, count in owners.items():
+            folded[TOMBSTONE + owner if owner in dead else owner] += count
+        owners = folded
+    # (len, text) orders decimal tokens numerically without parsing foreign values.
+    return min(
+        owners.items(),
+        key=lambda item: (item[0][:1] == TOMBSTONE, -item[1], len(item[0]), item[0]),
+    )

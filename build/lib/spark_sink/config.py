@@ -1,0 +1,89 @@
+"""The Spark job's settings: the `[kafka]` and `[spark]` sections of the gateway's TOML file.
+
+Same sources and priorities as `gateway.config`: environment variables
+(`GATEWAY_` prefix, `__` between levels, e.g. `GATEWAY_SPARK__MAX_RECORDS_PER_BATCH=500`),
+then the TOML file, then the defaults below. The gateway's other sections
+(`[redis]`, `[dedup]`, ...) are ignored here, so both programs read one file.
+A bad value raises `gateway.config.ConfigError` naming the setting.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from gateway.config import Duration, KafkaSettings, LogSettings, TomlSettings, load
+
+DEFAULT_HANDLER = "spark_sink.handlers:orders"
+
+
+class SparkSettings(BaseModel):
+    """The `[spark]` table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Offsets, state (the dedup window), stored batch outcomes and release-command
+    # markers live here; a local path or any Hadoop URI (hdfs://, s3a://): every
+    # file goes through Hadoop's FileSystem API.
+    checkpoint_dir: str = "var/spark/checkpoint"
+    # Successful records land in `<output_path>/batch_id=<n>/` (Parquet). Any Hadoop
+    # URI Spark can write works (file:, hdfs:, s3a: with its connector on the classpath).
+    output_path: str = "var/spark/output"
+    # "module:function" called once per micro-batch; see spark_sink.handlers.
+    handler: str = DEFAULT_HANDLER
+    # When set, `handler` names a factory called with these keyword arguments.
+    handler_options: dict[str, Any] = Field(default_factory=dict)
+    # Upper bound on records read per micro-batch, spread over partitions
+    # (Spark's maxOffsetsPerTrigger).
+    max_records_per_batch: int = Field(default=10_000, ge=1, le=10_000_000)
+    trigger_interval: Duration = timedelta(seconds=1)
+    # How long a delivery (dedup-token) is remembered to drop the gateway's crash-window
+    # duplicates; measured in processing time (micro-batch start), not record time.
+    dedup_watermark: Duration = timedelta(minutes=10)
+    # "auto": Spark's own Kafka connector when its classes are on the classpath,
+    # else the Python source in spark_sink.kafka_source.
+    source: Literal["auto", "native", "python"] = "auto"
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # None leaves the master to spark-submit (or Spark's default, local[*]).
+    master: str | None = None
+    app_name: str = "dedup-spark-sink"
+    # Extra Spark configuration, e.g. {"spark.sql.shuffle.partitions" = "4"}.
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("handler")
+    @classmethod
+    def _module_colon_name(cls, spec: str) -> str:
+        module, _, name = spec.partition(":")
+        if not module.strip() or not name.strip():
+            raise ValueError(f"expected 'module:function', got {spec!r}")
+        return spec
+
+    @field_validator("trigger_interval", "dedup_watermark")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError(f"must be positive, got {value}")
+        return value
+
+
+class SinkSettings(TomlSettings):
+    """Every setting the Spark job reads. Build it with `load_sink_settings`."""
+
+    # The gateway's own sections ([redis], [dedup], ...) are in the same file.
+    model_config = SettingsConfigDict(extra="ignore")
+
+    kafka: KafkaSettings = KafkaSettings()
+    spark: SparkSettings = SparkSettings()
+    log: LogSettings = LogSettings()
+
+
+def load_sink_settings(path: Path | None = None, **overrides: Any) -> SinkSettings:
+    """Build and validate the settings from `path`, the environment and `overrides`.
+
+    `overrides` are whole sections, e.g. `spark={"output_path": "/tmp/out"}`.
+    """
+    return load(SinkSettings, path, **overrides)
