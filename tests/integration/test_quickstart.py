@@ -80,9 +80,7 @@ async def test_the_quickstart_runs_as_written(broker, redis_servers, tmp_path):
             elif text.strip() == "pip install .":
                 last = _pip_install(tmp_path)
             elif text.startswith("dedup-gateway run"):
-                with (tmp_path / "gateway.log").open("wb") as log:
-                    gateway = subprocess.Popen(["bash", "-c", swapped(text)], cwd=tmp_path,
-                                               env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                gateway = _start(swapped(text), tmp_path, env)
                 last = None
             else:
                 last = await _bash(swapped(text), tmp_path, env)
@@ -97,6 +95,14 @@ async def test_the_quickstart_runs_as_written(broker, redis_servers, tmp_path):
         if gateway is not None:
             gateway.terminate()
             gateway.wait(30)
+
+
+def _start(script: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The service, in the background, its log beside the config."""
+    with (cwd / "gateway.log").open("wb") as log:
+        return subprocess.Popen(
+            ["bash", "-c", script], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
 
 
 async def _bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
