@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -131,11 +132,18 @@ async def _shows(ran: subprocess.CompletedProcess[str], expected: list[str]) -> 
 
 
 def _pip_install(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`pip install .` in a copy of what the package is built from: a build in the
+    checkout itself would leave its build/ folder there."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for part in ("pyproject.toml", "README.md", "gateway", "spark_sink"):
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, checkout / part)
     target = tmp_path / "installed"
     result = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target",
          str(target), "."],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=checkout, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (target / "bin" / "dedup-gateway").is_file()
