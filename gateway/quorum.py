@@ -85,6 +85,7 @@ from gateway.members import (
     split,
 )
 from gateway.metrics import Metrics
+from gateway.startup_wait import FallingReport
 from gateway.vote import MINE, Reply
 
 logger = logging.getLogger(__name__)
@@ -250,11 +251,11 @@ class Quorum:
         does not answer.
 
         Tries every `retry_s` (a member that comes back is used at once), but says
-        so in one WARNING line at a falling rate: at once, then after 2, 4, 8 ...
-        seconds, at most every `report_max_s`. Raises `CredentialsRefused` when any
+        so in one WARNING line at a falling rate (`FallingReport`: at once, then
+        after 2, 4, 8 ... seconds, at most every `report_max_s`). Raises `CredentialsRefused` when any
         instance refuses the URL's credentials.
         """
-        next_report, report_every = 0.0, retry_s
+        report = FallingReport(retry_s, report_max_s)
         while not stop.is_set():
             await self.refresh_epochs(patient=True)
             # After the round, `failure` is set exactly on the instances that did not answer.
@@ -274,15 +275,13 @@ class Quorum:
                     logger.warning("serving with Redis instances unreachable: %s",
                                    ", ".join(down), extra=names)  # fmt: skip
                 return
-            if time.monotonic() >= next_report:
-                report_every = min(report_every * 2, report_max_s)
+            if report.due():
                 logger.warning(
                     "cannot reach a Redis majority (%d of %d needed, %d answer); unreachable: "
                     "%s; not ready, retrying every %gs (next report in %gs)",
                     self.majority, self.size, self.size - len(failed), ", ".join(down),
-                    retry_s, report_every, extra=names,
+                    retry_s, report.every, extra=names,
                 )  # fmt: skip
-                next_report = time.monotonic() + report_every
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), retry_s)
 

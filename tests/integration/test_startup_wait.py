@@ -1,5 +1,6 @@
-"""A gateway started without a Redis majority says so in one line, at a falling rate,
-waits unready, and serves once the members are back (a real gateway process)."""
+"""A gateway started without a Redis majority, or without its broker, says so in one
+line naming what it cannot reach, at a falling rate, waits unready, and serves once
+it is back (a real gateway process)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from devtools.harness import (
     start_process,
     write_toml,
 )
+from devtools.localstack import free_port, tansu_broker
 from devtools.topics import wait_committed
 from tests.conftest import redis_urls
 
@@ -56,3 +58,41 @@ async def test_without_a_redis_majority_the_gateway_reports_at_a_falling_rate_th
     finally:
         gateway.terminate()
         gateway.wait(30)
+
+
+BROKER_REPORT = "cannot reach the Kafka broker"
+
+
+async def test_without_the_broker_the_gateway_reports_at_a_falling_rate_then_serves(
+    redis_servers, names, tmp_path
+):
+    """No broker listens yet at the configured address: one WARNING line naming it at a
+    falling rate (no aiokafka ERROR per attempt), then records flow once it is up."""
+    port = free_port()
+    topics = Topics(names)
+    servers = redis_servers(3)
+    address = f"127.0.0.1:{port}"
+    config = write_toml(tmp_path / "gateway.toml",
+                        make_settings(address, topics, redis_urls(servers)))  # fmt: skip
+    log = tmp_path / "gateway.log"
+    gateway = start_process(config, log)
+    broker = tansu_broker(tmp_path / "broker", port=port)
+    try:
+        await eventually(lambda: BROKER_REPORT in log.read_text(), what="the first report")
+        first = time.monotonic()
+        await asyncio.sleep(WINDOW_S - (time.monotonic() - first))  # the window measured
+        lines = log.read_text().splitlines()
+        reports = [line for line in lines if BROKER_REPORT in line]
+        assert not [line for line in lines if " ERROR " in line], lines
+        assert 2 <= len(reports) <= 4, reports
+        assert all(f"at {address} (" in line and " WARNING " in line for line in reports)
+
+        broker.start()
+        await topics.create(address, raw_partitions=1, clean_partitions=1)
+        await produce(address, topics.raw, [(b"k", b"v", [("message-id", b"late-1")])])
+        await wait_committed(address, topics.group, topics.raw, {0: 1})
+        assert set(await clean_ids(address, topics.clean)) == {"late-1"}
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
+        broker.stop()
