@@ -252,8 +252,8 @@ class Quorum:
 
         Tries every `retry_s` (a member that comes back is used at once), but says
         so in one WARNING line at a falling rate (`FallingReport`: at once, then
-        after 2, 4, 8 ... seconds, at most every `report_max_s`). Raises `CredentialsRefused` when any
-        instance refuses the URL's credentials.
+        after 2, 4, 8 ... seconds, at most every `report_max_s`). Raises
+        `CredentialsRefused` when any instance refuses the URL's credentials.
         """
         report = FallingReport(retry_s, report_max_s)
         while not stop.is_set():

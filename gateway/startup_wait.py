@@ -30,7 +30,10 @@ class FallingReport:
     """When to repeat a report: at once, then at doubling intervals up to `max_s`."""
 
     def __init__(
-        self, first_s: float, max_s: float = REPORT_MAX_S, clock: Callable[[], float] = time.monotonic
+        self,
+        first_s: float,
+        max_s: float = REPORT_MAX_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.every = first_s
         self.max_s = max_s
