@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from gateway.startup_wait import FallingReport
 
 
@@ -14,6 +16,6 @@ def test_reports_fall_from_every_two_seconds_to_once_a_minute():
         if report.due():
             reported_at.append(second)
     assert reported_at[:7] == [0, 2, 6, 14, 30, 62, 122]
-    gaps = [b - a for a, b in zip(reported_at, reported_at[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(reported_at)]
     assert max(gaps) == 60 and gaps[-1] == 60
     assert len(reported_at) == 14  # 0 ... 122, then 182 ... 542: not 600
