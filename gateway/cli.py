@@ -174,7 +174,8 @@ async def _topics_on_broker(args: argparse.Namespace, settings: Settings, specs:
         existing = await topics.existing_topics(admin, [s.name for s in specs])
         created: list[topics.Created] = []
         if args.create:
-            replication = args.replication_factor or min(3, len(admin._client.cluster.brokers()))
+            brokers = len((await admin.describe_cluster())["brokers"])
+            replication = args.replication_factor or min(3, brokers)
             created = await topics.create_missing(admin, specs, existing, replication, args.dry_run)
     finally:
         await admin.close()

@@ -315,6 +315,17 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
                     "a waiting record may be deleted",
                 )
             )
+        failures = settings.failures
+        retrying_ms = failures.max_attempts * failures.backoff_max.total_seconds() * 1000
+        if spec.role == "raw" and 0 <= retention < retrying_ms:
+            findings.append(
+                Finding(
+                    Severity.WARN,
+                    f"topic {spec.name}",
+                    f"retention.ms {retention} is shorter than the failure retries can take "
+                    "(failures.max_attempts x backoff_max): a retried record may be gone",
+                )
+            )
         if spec.role == "raw" and "compact" in config.get("cleanup.policy", ""):
             findings.append(
                 Finding(

@@ -229,3 +229,34 @@ def test_connect_check_reads_every_node_of_a_cluster_member(
     assert f"OK    redis {cluster.name_label}: all 16384 hash slots served" in out
     assert out.count(f"redis {cluster.name_label} node ") >= 6  # ACL and memory, per master
     assert code == 3  # its topics were not created
+
+
+def test_connect_check_warns_of_a_raw_topic_kept_shorter_than_failures_are_retried(
+    broker, names, tmp_path, redis_servers, capsys
+):
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    servers = redis_servers(1)
+    bounded(servers)
+    prefix = names("short")
+    config = write_config(tmp_path / "g.toml", broker, prefix, redis_urls(servers))
+
+    async def short_raw_topic() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+        await admin.start()
+        try:
+            topic = NewTopic(f"{prefix}-orders", 1, 1, topic_configs={"retention.ms": "60000"})
+            await admin.create_topics([topic])
+        finally:
+            await admin.close()
+
+    asyncio.run(short_raw_topic())
+    assert main(["topics", "--config", str(config), "--create", "--partitions", "1"]) == 0
+    capsys.readouterr()
+    code, out = run(capsys, "check-config", "--config", str(config), "--connect")
+    assert code == 1, out  # a warning only: it runs
+    assert (
+        f"WARN  topic {prefix}-orders: retention.ms 60000 is shorter than the failure retries"
+        in out
+    )
+    assert f"topic {prefix}-bulk" not in out  # created by `topics` with 7 days
