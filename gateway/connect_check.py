@@ -61,6 +61,18 @@ class Finding:
         return f"{self.severity.name:<5} {self.where}: {self.message}"
 
 
+def ok(where: str, message: str) -> Finding:
+    return Finding(Severity.OK, where, message)
+
+
+def warn(where: str, message: str) -> Finding:
+    return Finding(Severity.WARN, where, message)
+
+
+def error(where: str, message: str) -> Finding:
+    return Finding(Severity.ERROR, where, message)
+
+
 def exit_code(findings: list[Finding]) -> int:
     """0: all reached and fit; 1: warnings only; 3: at least one error."""
     return max((f.severity.code for f in findings), default=0)
@@ -111,8 +123,7 @@ async def check(settings: Settings, timeout_s: float = CHECK_TIMEOUT_S) -> list[
     reached = sum(1 for found in members if all(f.severity < Severity.ERROR for f in found))
     if reached < settings.quorum:
         findings.append(
-            Finding(
-                Severity.ERROR,
+            error(
                 "redis",
                 f"{reached} of {len(members)} members fully usable, a majority needs "
                 f"{settings.quorum}: the gateway would wait unready",
@@ -128,7 +139,7 @@ async def _check_member(url: MultiHostUrl, settings: Settings, timeout_s: float)
     try:
         return await asyncio.wait_for(_member_findings(client, url, settings, where), timeout_s * 3)
     except TimeoutError:
-        return [Finding(Severity.ERROR, where, f"no answer within {timeout_s * 3:.0f}s")]
+        return [error(where, f"no answer within {timeout_s * 3:.0f}s")]
     finally:
         await client.aclose()
 
@@ -140,33 +151,25 @@ async def _member_findings(
         await client.ping()
     except AuthenticationError as exc:
         return [
-            Finding(
-                Severity.ERROR,
-                where,
-                f"credentials refused ({exc}); check the user and password in the URL",
-            )
+            error(where, f"credentials refused ({exc}); check the user and password in the URL")
         ]
     except NoPermissionError:
-        return [Finding(Severity.ERROR, where, "the user may not run PING")]
+        return [error(where, "the user may not run PING")]
     except (RedisError, OSError) as exc:
-        return [Finding(Severity.ERROR, where, f"cannot reach it: {exc}")]
+        return [error(where, f"cannot reach it: {exc}")]
     commands = script_commands() + CLIENT_COMMANDS
     if not isinstance(client, RedisCluster):
         return [
-            Finding(Severity.OK, where, "reached, authenticated"),
+            ok(where, "reached, authenticated"),
             *await _node_findings(client, where, settings.redis.key_prefix, commands),
         ]
-    findings = [Finding(Severity.OK, where, "reached, authenticated")]
+    findings = [ok(where, "reached, authenticated")]
     served = client.nodes_manager.slots_cache
     unserved = SLOTS - sum(1 for slot in range(SLOTS) if served.get(slot))
     if unserved:
-        findings.append(
-            Finding(
-                Severity.ERROR, where, f"{unserved} of {SLOTS} hash slots are served by no node"
-            )
-        )
+        findings.append(error(where, f"{unserved} of {SLOTS} hash slots are served by no node"))
     else:
-        findings.append(Finding(Severity.OK, where, f"all {SLOTS} hash slots served"))
+        findings.append(ok(where, f"all {SLOTS} hash slots served"))
     timeout_s = settings.redis.timeout.total_seconds()
     for node in client.get_primaries():
         async with node_client_for(url, node.host, int(node.port), max(timeout_s, 1.0)) as conn:
@@ -190,21 +193,19 @@ async def _node_findings(
         denied = await client.eval(PERMISSION_PROBE, 0, *argv)
     except NoPermissionError:
         findings.append(
-            Finding(
-                Severity.ERROR,
+            error(
                 where,
                 "the user may not run EVAL, so its command rights cannot be "
                 "read; the gateway needs EVALSHA and SCRIPT LOAD",
             )
         )
     except RedisError as exc:
-        findings.append(Finding(Severity.ERROR, where, f"permission probe failed: {exc}"))
+        findings.append(error(where, f"permission probe failed: {exc}"))
     else:
         names = [d.decode() if isinstance(d, bytes) else str(d) for d in denied]
         if names:
             findings.append(
-                Finding(
-                    Severity.ERROR,
+                error(
                     where,
                     f"the user may not run {', '.join(names)} on keys "
                     f"'{prefix}*' (docs/operations.md, Security)",
@@ -212,8 +213,7 @@ async def _node_findings(
             )
         else:
             findings.append(
-                Finding(
-                    Severity.OK,
+                ok(
                     where,
                     f"the user may run the {len(commands)} commands the gateway "
                     f"uses on keys '{prefix}*'",
@@ -227,28 +227,22 @@ async def _memory_policy(client: Any, where: str) -> Finding:
     try:
         memory = await client.info("memory")
     except NoPermissionError:
-        return Finding(
-            Severity.WARN,
-            where,
-            "cannot read maxmemory-policy (the user may not run INFO); it must be noeviction",
+        return warn(
+            where, "cannot read maxmemory-policy (the user may not run INFO); it must be noeviction"
         )
     except RedisError as exc:
-        return Finding(Severity.WARN, where, f"cannot read maxmemory-policy: {exc}")
+        return warn(where, f"cannot read maxmemory-policy: {exc}")
     policy = memory.get("maxmemory_policy")
     if policy != "noeviction":
-        return Finding(
-            Severity.ERROR,
-            where,
-            f"maxmemory-policy is {policy}: evicted marks let copies through; set noeviction",
+        return error(
+            where, f"maxmemory-policy is {policy}: evicted marks let copies through; set noeviction"
         )
     if not memory.get("maxmemory"):
-        return Finding(
-            Severity.WARN,
+        return warn(
             where,
             "maxmemory-policy noeviction, but no maxmemory: Redis may grow until the host runs out",
         )
-    return Finding(
-        Severity.OK,
+    return ok(
         where,
         f"maxmemory-policy noeviction, maxmemory "
         f"{memory.get('maxmemory_human', memory['maxmemory'])}",
@@ -263,14 +257,14 @@ async def _check_kafka(settings: Settings, timeout_s: float) -> list[Finding]:
         await asyncio.wait_for(admin.start(), timeout_s)
     except (TimeoutError, KafkaError, OSError) as exc:
         await admin.close()
-        return [Finding(Severity.ERROR, where, f"cannot reach the broker: {exc!r}")]
+        return [error(where, f"cannot reach the broker: {exc!r}")]
     try:
         return [
-            Finding(Severity.OK, where, "reached"),
+            ok(where, "reached"),
             *await asyncio.wait_for(_broker_findings(admin, settings), timeout_s * 3),
         ]
     except (TimeoutError, KafkaError) as exc:
-        return [Finding(Severity.ERROR, where, f"the broker stopped answering: {exc!r}")]
+        return [error(where, f"the broker stopped answering: {exc!r}")]
     finally:
         await admin.close()
 
@@ -282,8 +276,7 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
     for spec in specs:
         if spec.name not in existing:
             findings.append(
-                Finding(
-                    Severity.ERROR,
+                error(
                     f"topic {spec.name}",
                     f"missing ({spec.role}); create it: dedup-gateway topics --create",
                 )
@@ -293,8 +286,7 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
         for raw in lane.raw_topics:
             if raw in existing and clean in existing and existing[clean] < existing[raw]:
                 findings.append(
-                    Finding(
-                        Severity.WARN,
+                    warn(
                         f"topic {clean}",
                         f"{existing[clean]} partitions, fewer than raw topic "
                         f"{raw}'s {existing[raw]}: records of several raw "
@@ -303,24 +295,22 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
                 )
     configs = await _topic_configs(admin, [s.name for s in specs if s.name in existing])
     largest_tier_ms = max(settings.delay.tiers).total_seconds() * 1000
+    failures = settings.failures
+    retrying_ms = failures.max_attempts * failures.backoff_max.total_seconds() * 1000
     for spec in specs:
         config = configs.get(spec.name, {})
         retention = int(config.get("retention.ms") or -1)
         if spec.role == "delay" and 0 <= retention < largest_tier_ms:
             findings.append(
-                Finding(
-                    Severity.WARN,
+                warn(
                     f"topic {spec.name}",
                     f"retention.ms {retention} is shorter than the largest tier: "
                     "a waiting record may be deleted",
                 )
             )
-        failures = settings.failures
-        retrying_ms = failures.max_attempts * failures.backoff_max.total_seconds() * 1000
         if spec.role == "raw" and 0 <= retention < retrying_ms:
             findings.append(
-                Finding(
-                    Severity.WARN,
+                warn(
                     f"topic {spec.name}",
                     f"retention.ms {retention} is shorter than the failure retries can take "
                     "(failures.max_attempts x backoff_max): a retried record may be gone",
@@ -328,14 +318,13 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
             )
         if spec.role == "raw" and "compact" in config.get("cleanup.policy", ""):
             findings.append(
-                Finding(
-                    Severity.WARN,
+                warn(
                     f"topic {spec.name}",
                     "compacted: a failed record compacted away cannot be retried (raw_record_gone)",
                 )
             )
     present = sum(1 for s in specs if s.name in existing)
-    findings.append(Finding(Severity.OK, "kafka", f"{present} of {len(specs)} topics exist"))
+    findings.append(ok("kafka", f"{present} of {len(specs)} topics exist"))
     findings += await _group_findings(admin, settings)
     return findings
 
@@ -368,15 +357,12 @@ async def _group_findings(admin: AIOKafkaAdminClient, settings: Settings) -> lis
         for code, name, state, *_ in response.groups:
             if code:
                 findings.append(
-                    Finding(
-                        Severity.ERROR,
+                    error(
                         f"group {name}",
                         f"cannot be used (Kafka error code {code}); check the user's ACLs on it",
                     )
                 )
             else:
                 state_text = state or "unknown"
-                findings.append(
-                    Finding(Severity.OK, f"group {name}", f"usable (state {state_text})")
-                )
+                findings.append(ok(f"group {name}", f"usable (state {state_text})"))
     return findings
