@@ -29,6 +29,7 @@ from gateway.pipeline import Pipeline
 from gateway.quorum import Quorum
 from gateway.sink import Sink
 from gateway.source import RawSource
+from gateway.startup_wait import wait_for_broker
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class Gateway:
             stack.push_async_callback(self.health.stop)
             stack.push_async_callback(self.quorum.close)
             await self.quorum.wait_for_majority(stop)
-            if stop.is_set():
+            if not await wait_for_broker(kafka, stop):
                 return
             producer = build_producer(kafka)
             await producer.start()

@@ -22,11 +22,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from gateway.config import Settings
-from gateway.delay import find_waiting
+from gateway.delay import Scan, find_waiting
 from gateway.failures import release_decision
 from gateway.kafka import build_consumer, build_producer, partitions_of
 from gateway.keys import TOMBSTONE, dead_token, is_released, mark_digest
 from gateway.metrics import Metrics
+from gateway.progress import Progress
 from gateway.quorum import (
     HELD_BY_ANOTHER,
     NO_LIVE_MARK,
@@ -75,7 +76,7 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
         await quorum.close()
     names = [inst.name for inst in quorum.instances]
     if output == "json":
-        waiting = await find_waiting(settings, message_id) if settings.delay.enabled else None
+        waiting = await _scan(settings, message_id) if settings.delay.enabled else None
         _print_json({
             **_id_fields(message_id), "digest": digest.hex(),
             "instances": [{"instance": name, "answered": view is not None,
@@ -93,8 +94,17 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
     return 0
 
 
+async def _scan(settings: Settings, message_id: bytes) -> Scan:
+    """The delay tiers' scan, its progress on stderr (it may read many records)."""
+    progress = Progress("inspect: delay tier records read")
+    try:
+        return await find_waiting(settings, message_id, progress)
+    finally:
+        progress.finish()
+
+
 async def _print_waiting(settings: Settings, message_id: bytes) -> None:
-    scan = await find_waiting(settings, message_id)
+    scan = await _scan(settings, message_id)
     if not scan.waiting:
         print("not waiting in any delay tier")
     else:
@@ -249,8 +259,9 @@ class _Outcome:
 
 
 async def redrive(
-    settings: Settings, limit: int | None, *, dry_run: bool = False, output: Output = "text"
-) -> int:
+    settings: Settings, limit: int | None, *, dry_run: bool = False, output: Output = "text",
+    verbose: bool = False, progress: Progress | None = None,
+) -> int:  # fmt: skip
     """Re-inject dead-lettered records into their raw topic, as new records.
 
     Each record's mark is deleted where it still holds the dead-letter token,
@@ -262,18 +273,21 @@ async def redrive(
     there, uncommitted, and the exit code is 1. Progress is committed in
     group `<group_id>.redrive`, so a second run does not re-inject the same
     records. Dead letters without the gateway's headers are skipped (reported,
-    exit code 1) and committed past: nothing could ever redrive them.
+    exit code 1) and committed past: nothing could ever redrive them. Text output
+    is a summary (a line per record with `verbose`); `progress` counts records read.
     """
     kafka = settings.kafka
     consumer = build_consumer(kafka, f"{kafka.group_id}.redrive")
     producer: AIOKafkaProducer = build_producer(kafka)
     quorum = Quorum(settings.redis, Metrics())
-    run = _Redrive(settings, consumer, producer, quorum, dry_run, output == "text")
+    run = _Redrive(settings, consumer, producer, quorum, dry_run, output == "text" and verbose)
+    run.progress = progress or Progress("redrive")
     await consumer.start()
     await producer.start()
     try:
         await run.run(limit)
     finally:
+        run.progress.finish()
         await quorum.close()
         await producer.stop()
         await consumer.stop()
@@ -285,6 +299,8 @@ async def redrive(
         return 1 if failed else 0
     verb = "would be re-injected" if dry_run else "re-injected"
     print(f"{len(run.redriven)} dead-lettered record(s) {verb}")
+    if run.skipped:
+        print(f"{len(run.skipped)} skipped: no dedup-id/dedup-source headers naming a raw topic")
     if run.stopped:
         print(f"{len(run.stopped)} partition(s) stopped, uncommitted, at a record not redriven")
     return 1 if failed else 0
@@ -309,11 +325,13 @@ class _Redrive:
         self.redriven: list[_Outcome] = []
         self.stopped: list[_Outcome] = []
         self.skipped: list[_Outcome] = []
+        self.progress = Progress("redrive")
 
     async def run(self, limit: int | None) -> None:
         topic = self.settings.kafka.dead_letter_topic
         active = [TopicPartition(topic, p) for p in await partitions_of(self.consumer, topic)]
         self.consumer.assign(active)
+        self.progress.total = await self._waiting(active, limit)
         while active and (limit is None or len(self.redriven) < limit):
             batch = await self.consumer.getmany(*active, timeout_ms=1000, max_records=100)
             if not batch:
@@ -380,12 +398,25 @@ class _Redrive:
         self._report(self.redriven, outcome, "would redrive" if self.dry_run else "redriven")
         return True
 
+    async def _waiting(self, tps: list[TopicPartition], limit: int | None) -> int | None:
+        """Dead letters past the group's commits (the progress total); None if unknown."""
+        try:
+            ends = await self.consumer.end_offsets(tps)
+            starts = await self.consumer.beginning_offsets(tps)
+            committed = [await self.consumer.committed(tp) for tp in tps]
+        except KafkaError:
+            return None
+        left: int = sum(max(0, int(ends[tp]) - int(c if c is not None else starts[tp]))
+                        for tp, c in zip(tps, committed, strict=True))  # fmt: skip
+        return left if limit is None else min(left, limit)
+
     async def _commit(self, tp: TopicPartition, rec: Record) -> None:
         if not self.dry_run:
             await self.consumer.commit({tp: rec.offset + 1})
 
     def _report(self, into: list[_Outcome], outcome: _Outcome, verb: str) -> None:
         into.append(outcome)
+        self.progress.advance()
         if self.text:
             counts = (f"deleted {outcome.deleted}, not held {outcome.not_held}, "
                       f"no answer {outcome.no_answer}")  # fmt: skip

@@ -85,6 +85,7 @@ from gateway.members import (
     split,
 )
 from gateway.metrics import Metrics
+from gateway.startup_wait import FallingReport
 from gateway.vote import MINE, Reply
 
 logger = logging.getLogger(__name__)
@@ -243,12 +244,18 @@ class Quorum:
         """Per member, whether the vote may count its answers (trusted, not paused)."""
         return [inst.trusted and not inst.paused for inst in self.instances]
 
-    async def wait_for_majority(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
+    async def wait_for_majority(
+        self, stop: asyncio.Event, retry_s: float = 1.0, report_max_s: float = 60.0
+    ) -> None:
         """Return once a majority answers; read every epoch; name every instance that
         does not answer.
 
-        Raises `CredentialsRefused` when any instance refuses the URL's credentials.
+        Tries every `retry_s` (a member that comes back is used at once), but says
+        so in one WARNING line at a falling rate (`FallingReport`: at once, then
+        after 2, 4, 8 ... seconds, at most every `report_max_s`). Raises
+        `CredentialsRefused` when any instance refuses the URL's credentials.
         """
+        report = FallingReport(retry_s, report_max_s)
         while not stop.is_set():
             await self.refresh_epochs(patient=True)
             # After the round, `failure` is set exactly on the instances that did not answer.
@@ -268,10 +275,13 @@ class Quorum:
                     logger.warning("serving with Redis instances unreachable: %s",
                                    ", ".join(down), extra=names)  # fmt: skip
                 return
-            logger.error(
-                "waiting for a Redis majority (%d of %d); unreachable: %s",
-                self.majority, self.size, ", ".join(down), extra=names,
-            )  # fmt: skip
+            if report.due():
+                logger.warning(
+                    "cannot reach a Redis majority (%d of %d needed, %d answer); unreachable: "
+                    "%s; not ready, retrying every %gs (next report in %gs)",
+                    self.majority, self.size, self.size - len(failed), ", ".join(down),
+                    retry_s, report.every, extra=names,
+                )  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), retry_s)
 

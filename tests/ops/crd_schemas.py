@@ -1,4 +1,5 @@
-"""JSON schemas for the two Prometheus Operator objects deploy/k8s renders.
+"""JSON schemas for the CRD objects deploy/k8s renders: the Prometheus Operator's two
+and KEDA's ScaledObject (keda.sh/v1alpha1, its Kafka trigger).
 
 kubernetes-validate knows only the core API, and the operator's CRDs (their
 openAPIV3Schema) are not available offline here. These schemas are the part
@@ -26,13 +27,15 @@ NAME = {
 }
 
 
-def _object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+def _object(
+    kind: str, spec: dict[str, Any], api_version: str = "monitoring.coreos.com/v1"
+) -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["apiVersion", "kind", "metadata", "spec"],
         "additionalProperties": False,
         "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "apiVersion": {"const": api_version},
             "kind": {"const": kind},
             "metadata": {
                 "type": "object",
@@ -135,4 +138,82 @@ SERVICE_MONITOR = _object(
     },
 )
 
-SCHEMAS = {"PrometheusRule": PROMETHEUS_RULE, "ServiceMonitor": SERVICE_MONITOR}
+# keda.sh/v1alpha1 ScaledObject, the fields of KEDA's CRD our example uses; the Kafka
+# scaler's metadata are strings (KEDA parses them), with the ones it requires.
+KAFKA_TRIGGER_METADATA = {
+    "type": "object",
+    "required": ["bootstrapServers", "consumerGroup", "lagThreshold"],
+    "additionalProperties": False,
+    "properties": {
+        name: {"type": "string", "minLength": 1}
+        for name in ("bootstrapServers", "consumerGroup", "topic", "lagThreshold",
+                     "activationLagThreshold", "offsetResetPolicy", "allowIdleConsumers",
+                     "scaleToZeroOnInvalidOffset", "excludePersistentLag",
+                     "limitToPartitionsWithLag", "partitionLimitation", "sasl", "tls")
+    },
+}  # fmt: skip
+COUNT = {"type": "integer", "minimum": 0}
+SCALED_OBJECT = _object(
+    "ScaledObject",
+    {
+        "type": "object",
+        "required": ["scaleTargetRef", "triggers"],
+        "additionalProperties": False,
+        "properties": {
+            "scaleTargetRef": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": NAME,
+                    "kind": {"type": "string"},
+                    "apiVersion": {"type": "string"},
+                    "envSourceContainerName": {"type": "string"},
+                },
+            },
+            "minReplicaCount": COUNT,
+            "maxReplicaCount": COUNT,
+            "idleReplicaCount": COUNT,
+            "pollingInterval": COUNT,
+            "cooldownPeriod": COUNT,
+            "advanced": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "restoreToOriginalReplicaCount": {"type": "boolean"},
+                    "horizontalPodAutoscalerConfig": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"name": NAME, "behavior": {"type": "object"}},
+                    },
+                },
+            },
+            "triggers": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["type", "metadata"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "type": {"const": "kafka"},
+                        "name": {"type": "string"},
+                        "metadata": KAFKA_TRIGGER_METADATA,
+                        "authenticationRef": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": NAME, "kind": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+        },
+    },
+    api_version="keda.sh/v1alpha1",
+)
+
+SCHEMAS = {
+    "PrometheusRule": PROMETHEUS_RULE,
+    "ServiceMonitor": SERVICE_MONITOR,
+    "ScaledObject": SCALED_OBJECT,
+}

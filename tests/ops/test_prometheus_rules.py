@@ -81,13 +81,21 @@ def test_the_alerts_cover_quorum_lag_redis_dead_letters_blocking_and_readiness()
     assert "deriv(" in rules["DedupGatewayConsumerLagGrowing"]["expr"]
     for rule in rules.values():
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
-        assert rule["annotations"]["runbook"].startswith("docs/operations.md#")
+        assert rule["annotations"]["runbook_url"].startswith(RUNBOOK_BASE + "operations.md#")
+        assert "runbook" not in rule["annotations"]  # the URL only, under the usual name
+
+
+RUNBOOK_BASE = "https://dedup-gateway.example.com/docs/"
+
+
+def test_the_runbook_base_is_documented_where_it_is_set() -> None:
+    assert f"RUNBOOK_BASE = {RUNBOOK_BASE}" in ALERTS.read_text()
 
 
 def test_every_alert_has_a_runbook_section_in_the_operations_doc() -> None:
     doc = (REPO / "docs" / "operations.md").read_text().lower()
     for rule in alert_rules():
-        anchor = rule["annotations"]["runbook"].split("#", 1)[1]
+        anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
         assert f"### {anchor}" in doc, f"docs/operations.md has no '### {rule['alert']}' section"
 
 
