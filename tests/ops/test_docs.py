@@ -44,6 +44,9 @@ RUN_ELSEWHERE = {
     "scripts/pack-spark-env.sh": "tests/ops/test_spark_pack.py",
     "python": "python deploy/loadgen/loadgen.py: tests/ops/test_loadgen.py",
 }
+# Pages a test runs block by block, in order, against real servers: their blocks
+# (commands, heredocs, expected output) are that test's business.
+RUN_WHOLE = {"docs/quickstart.md": "tests/integration/test_quickstart.py"}
 # How the docs write a value the reader fills in, as an example would be typed.
 PLACEHOLDERS = {"N": "3", "SEED": "7", "MINUTES": "10"}
 # Make targets whose ARGS (and variables) go to a Python module's parser.
@@ -99,6 +102,8 @@ def commands() -> list[Command]:
     found: list[Command] = []
     for path in DOCS:
         text, doc = path.read_text(), path.relative_to(REPO).as_posix()
+        if doc in RUN_WHOLE:
+            continue
         for first, language, body in _fenced(text):
             if language not in ("", "sh", "text", "console", "bash"):
                 continue
@@ -234,6 +239,12 @@ def check(command: Command) -> str | None:
     if not command.whole:
         return None
     return None if program in RUN_ELSEWHERE else f"no test runs or parses {program!r}"
+
+
+def test_pages_run_whole_have_their_test() -> None:
+    for doc, test in RUN_WHOLE.items():
+        assert (REPO / doc).exists() and (REPO / test).exists(), (doc, test)
+        assert doc in (REPO / test).read_text(), f"{test} does not read {doc}"
 
 
 def test_the_docs_show_commands_at_all() -> None:

@@ -144,3 +144,17 @@ def parse_jaas_options(line: str) -> dict[str, str]:
         while body[i] == " ":
             i += 1
     return options
+
+
+def test_the_documented_oauthbearer_example_loads_and_reaches_the_clients(tmp_path):
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", page, re.S) if "OAUTHBEARER" in b)
+    (tmp_path / "gateway.toml").write_text(block)
+    kafka = load_settings(tmp_path / "gateway.toml").kafka
+    assert aiokafka_options(kafka)["sasl_mechanism"] == "OAUTHBEARER"
+    java = java_client_options(kafka)
+    assert java["sasl.login.callback.handler.class"].endswith("OAuthBearerLoginCallbackHandler")
+    assert "sasl.login.callback.handler.class" not in librdkafka_options(kafka)
