@@ -69,12 +69,14 @@ async def test_window_state_keeps_the_newest_version_and_counts_updates(redis_se
         stamps = [3100, 5900, 4000, 5900]
         versions = [version(t, "raw", 0, n) for n, t in enumerate(stamps)]
         (fixed,) = await quorum.coalesce_update([kd] * 4, stamps, versions, "fixed", 3000, 9000)
-        assert fixed == [(3000, True), (3000, False), (3000, False), (3000, False)]
+        # (start, opened, the window's newest timestamp before the update)
+        assert fixed == [(3000, True, 0), (3000, False, 3100), (3000, False, 5900),
+                         (3000, False, 5900)]  # fmt: skip
         # Replaying the newest changes nothing; an update stamped in the next window opens it.
         await quorum.coalesce_update([kd], [5900], [versions[3]], "fixed", 3000, 9000)
         (nxt,) = await quorum.coalesce_update([kd], [6000], [version(6000, "raw", 1, 0)],
                                               "fixed", 3000, 9000)  # fmt: skip
-        assert nxt == [(6000, True)]
+        assert nxt == [(6000, True, 0)]
         (held,) = await quorum.coalesce_close([kd, kd, mark_digest(b"none")], [3000, 6000, 0])
         assert held == [(versions[3], 4, 5900), (version(6000, "raw", 1, 0), 1, 6000), ("", 0, 0)]
 
