@@ -170,8 +170,9 @@ def test_window_and_source_headers_parse_or_raise():
     ],
 )  # fmt: skip
 def test_bad_coalesce_settings_stop_start_up_naming_them(sections, named):
-    with pytest.raises(ConfigError, match=named):
+    with pytest.raises(ConfigError, match=named) as err:
         load_settings(**sections)
+    assert "\n" not in str(err.value)
 
 
 def test_grace_defaults_to_a_second_and_zero_is_allowed():
