@@ -253,6 +253,10 @@ class CoalesceSettings(_Section):
     mode: Literal["fixed", "trailing"] = "fixed"
     window: Duration = timedelta(seconds=2)
     max_window: Duration = timedelta(seconds=30)
+    # How long after its end a window still takes updates stamped inside it (records
+    # in flight: producer linger, broker, fetch): it closes at end + grace by the
+    # gateway's clock. Later updates are counted as late (README "Coalescing windows").
+    grace: Duration = timedelta(seconds=1)
 
     @field_validator("key")
     @classmethod
@@ -265,6 +269,18 @@ class CoalesceSettings(_Section):
         if value < timedelta(milliseconds=1) or value % timedelta(milliseconds=1):
             raise ValueError(f"must be a positive whole number of milliseconds, got {value}")
         return value
+
+    @field_validator("grace")
+    @classmethod
+    def _whole_ms_or_none(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0) or value % timedelta(milliseconds=1):
+            raise ValueError(f"must be a whole number of milliseconds (0 or more), got {value}")
+        return value
+
+    @property
+    def longest(self) -> timedelta:
+        """The longest a window stays open (fixed: `window`; trailing: `max_window`)."""
+        return self.max_window if self.mode == "trailing" else self.window
 
 
 class FailureSettings(_Section):
@@ -426,10 +442,14 @@ class Settings(TomlSettings):
             raise ValueError("coalesce.enabled needs delay.enabled: records wait in the tiers")
         if c.mode == "trailing" and c.max_window < c.window:
             raise ValueError("coalesce.max_window must be at least coalesce.window")
-        longest = c.max_window if c.mode == "trailing" else c.window
-        if longest > self.delay.max_delay:
+        # A record waits until its window's end plus grace: the wait, and so the mark's
+        # life ([redis] ttl >= delay.max_delay), must hold it.
+        what = "coalesce.max_window" if c.mode == "trailing" else "coalesce.window"
+        if c.longest + c.grace > self.delay.max_delay:
             raise ValueError(
-                f"coalesce: a window of up to {longest} is longer than delay.max_delay"
+                f"{what} + coalesce.grace ({c.longest} + {c.grace}) is longer than "
+                f"delay.max_delay ({self.delay.max_delay}): lower them or raise delay.max_delay "
+                "(and [redis] ttl)"
             )
         return self
 
