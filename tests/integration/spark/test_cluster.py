@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.localstack import free_port
 from devtools.topics import create_topics, read_topic
 from tests.integration.spark.cluster import StandaloneCluster, spark_cluster
 from tests.integration.spark.session import order, produce
@@ -87,7 +93,7 @@ def job_dir(
     """A folder as a user has it (gateway.toml, myhandler.py) over fresh topics holding
     the test's records; returns (folder, topics)."""
 
-    def make(**spark: str) -> tuple[Path, dict[str, str]]:
+    def make(**spark: str | int) -> tuple[Path, dict[str, str]]:
         topics = {"clean": names("clean"), "failures": names("failures")}
         asyncio.run(create_topics(broker, {topics["clean"]: 2, topics["failures"]: 1}))
         records = [order(n, partitions=2) for n in range(RECORDS - 1)]
@@ -119,34 +125,103 @@ def check_outcome(folder: Path, broker: str, topics: dict[str, str]) -> None:
     assert all(c["token"] == tokens[c["id"]] for c in commands), commands
 
 
-def run(argv: list[str], cwd: Path, cluster: StandaloneCluster, **env: str) -> str:
+def run(argv: list[str], cwd: Path, cluster: StandaloneCluster) -> str:
     ran = subprocess.run(
-        argv, cwd=cwd, env=cluster.env | env, capture_output=True, text=True,
-        timeout=RUN_TIMEOUT_S,
-    )  # fmt: skip
+        argv, cwd=cwd, env=cluster.env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:] + cluster.logs()
     return ran.stdout
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The job's /metrics as {sample name: value} (unlabelled samples only)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (every thread's children, as Linux lists them)."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return [int(c) for task in tasks for c in (task / "children").read_text().split()]
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def run_until_metrics(
+    argv: list[str], cwd: Path, cluster: StandaloneCluster, port: int, done: dict[str, float]
+) -> dict[str, float]:
+    """Start the streaming job, wait until its /metrics reach `done` (each sample at
+    least its value), then stop it with SIGTERM; returns the last scrape. The job
+    must exit 0.
+
+    The signal goes to the Python driver, not to spark-submit's JVM: the driver's
+    SparkContext lives in that JVM, and the driver stops the query through it."""
+    log = cwd / "driver.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=cluster.env, stdout=out, stderr=out)
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            seen: dict[str, float] = {}
+            while not all(seen.get(k, -1) >= v for k, v in done.items()):
+                assert proc.poll() is None, f"the job exited: {log.read_text()[-6000:]}"
+                assert time.monotonic() < deadline, f"{seen}: {log.read_text()[-6000:]}"
+                time.sleep(0.5)  # the job is a separate process: poll its metrics
+                try:
+                    seen = scrape(port)
+                except OSError:
+                    continue  # the driver is still starting
+            (driver,) = [p for p in child_pids(proc.pid) if "spark_sink" in cmdline(p)]
+            os.kill(driver, signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0, log.read_text()[-6000:] + cluster.logs()
+            return seen
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def test_spark_submit_in_client_mode_with_the_packed_environment_writes_each_id_once(
     spark_cluster: StandaloneCluster, packed_env: Path, broker: str, job_dir: Any
 ) -> None:
-    folder, topics = job_dir()
+    port = free_port()
+    folder, topics = job_dir(metrics_port=port, metrics_host="127.0.0.1")
     ((lang, block), *_) = section_blocks("Standalone")
     assert lang == "sh"
     commands = shell_commands(block)
     assert commands[0] == ["make", "spark-pack"]  # built by the packed_env fixture
-    for argv in commands[1:]:
-        argv = [
+    *prepare, submit = [
+        [
             arg.replace("spark://HOST:7077", spark_cluster.url)
             .replace("dist/spark-env.tar.gz", str(packed_env))
             .replace("spark_sink/__main__.py", str(REPO / "spark_sink" / "__main__.py"))
             for arg in argv
         ]
-        if argv[0] == "spark-submit":
-            argv[0] = str(spark_cluster.home / "bin" / "spark-submit")
+        for argv in commands[1:]
+    ]
+    for argv in prepare:
         run(argv, folder, spark_cluster)
+    assert submit[0] == "spark-submit"
+    submit[0] = str(spark_cluster.home / "bin" / "spark-submit")
+    written = RECORDS - 1 - len(REJECTED)
+    metrics = run_until_metrics(
+        submit, folder, spark_cluster, port,
+        {"dedup_spark_rows_written_total": written,
+         "dedup_spark_release_commands_total": len(REJECTED)},
+    )  # fmt: skip
     check_outcome(folder, broker, topics)
+    # The driver's metrics saw it all: every record read (the duplicate too), none failed
+    # but the rejected ones.
+    assert metrics["dedup_spark_input_rows_total"] == RECORDS
+    assert metrics["dedup_spark_rows_failed_total"] == len(REJECTED)
+    assert metrics["dedup_spark_rows_written_total"] == written
 
 
 def test_python_m_spark_sink_with_a_spark_master_writes_each_id_once(
