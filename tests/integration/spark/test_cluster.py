@@ -213,12 +213,14 @@ def test_spark_submit_in_client_mode_with_the_packed_environment_writes_each_id_
     written = RECORDS - 1 - len(REJECTED)
     metrics = run_until_metrics(
         submit, folder, spark_cluster, port,
+        # Spark's progress report of a batch (input rows) comes after its sink call.
         {"dedup_spark_rows_written_total": written,
-         "dedup_spark_release_commands_total": len(REJECTED)},
+         "dedup_spark_release_commands_total": len(REJECTED),
+         "dedup_spark_input_rows_total": RECORDS},
     )  # fmt: skip
     check_outcome(folder, broker, topics)
-    # The driver's metrics saw it all: every record read (the duplicate too), none failed
-    # but the rejected ones.
+    # The driver's metrics saw it all: every record read (the duplicate too), written but
+    # for the rejected ones, and those failed.
     assert metrics["dedup_spark_input_rows_total"] == RECORDS
     assert metrics["dedup_spark_rows_failed_total"] == len(REJECTED)
     assert metrics["dedup_spark_rows_written_total"] == written
