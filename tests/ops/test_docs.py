@@ -41,6 +41,7 @@ RUN_ELSEWHERE = {
     "docker": "not run here (no Docker engine); tests/ops/test_dockerfiles.py and "
     "tests/ops/test_manifests.py check the files it reads",
     "cd": "a shell step",
+    "mkdir": "a shell step (tests/integration/spark/test_cluster.py runs docs/spark-cluster.md's)",
     "scripts/pack-spark-env.sh": "tests/ops/test_spark_pack.py",
     "python": "python deploy/loadgen/loadgen.py: tests/ops/test_loadgen.py",
 }
@@ -285,6 +286,9 @@ OTHER_TOOLS_FLAGS = {
     "--files": "spark-submit",
     "--conf": "spark-submit",
     "--archives": "spark-submit",
+    "--py-files": "spark-submit",
+    "--packages": "spark-submit",
+    "--deploy-mode": "spark-submit",
 }
 
 

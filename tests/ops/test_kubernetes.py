@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,13 @@ import pytest
 import yaml
 
 from gateway.config import load_settings
+from spark_sink.config import load_sink_settings
 from tests.ops.conftest import ALERTS, DASHBOARD, DEPLOY, REPO, load_yaml_documents, tool
 from tests.ops.crd_schemas import SCHEMAS
 
 K8S = DEPLOY / "k8s"
 CONFIG = DEPLOY / "config" / "gateway.k8s.toml"
-COMPONENTS = ("prometheus-operator", "example-secrets", "network-policy", "keda")
+COMPONENTS = ("prometheus-operator", "example-secrets", "network-policy", "keda", "spark-operator")
 KUBERNETES_VERSION = "1.33.0"
 PART_OF = {"app.kubernetes.io/part-of": "dedup-gateway"}
 
@@ -86,6 +88,8 @@ def test_every_rendered_object_validates_core_strictly_and_crds_against_their_sc
     assert kinds == sorted([
         "ConfigMap", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
         "Secret", "Secret", "PrometheusRule", "ServiceMonitor", "NetworkPolicy", "ScaledObject",
+        "PodMonitor", "SparkApplication", "PersistentVolumeClaim", "ServiceAccount", "Role",
+        "RoleBinding",
     ])  # fmt: skip
     for doc in everything:
         if doc["kind"] in SCHEMAS:
@@ -304,3 +308,45 @@ def test_the_keda_example_scales_the_deployment_on_the_gateway_groups_lag(
     typo["spec"]["triggers"][0]["metadata"]["lagThreshhold"] = "5"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(typo, SCHEMAS["ScaledObject"])
+
+
+def test_the_spark_job_runs_the_spark_image_with_the_gateways_config_and_exports_metrics(
+    everything: list[dict[str, Any]],
+) -> None:
+    """components/spark-operator: the hashed ConfigMap and the image are rewritten into
+    the SparkApplication (kustomize knows its fields only through the component's
+    configuration), the driver serves the metrics port the config names, and the
+    PodMonitor scrapes it."""
+    app = one(everything, "SparkApplication")
+    spec = app["spec"]
+    config = configmap_of(everything, "dedup-gateway-config-")
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]
+    kustomization = yaml.safe_load(
+        (K8S / "components/spark-operator/kustomization.yaml").read_text()
+    )
+    (entry,) = kustomization["images"]
+    assert spec["image"] == f"{entry['newName']}:{entry['newTag']}"
+    (mount,) = [m for m in spec["driver"]["volumeMounts"] if m["name"] == "config"]
+    assert spec["arguments"] == ["--config", mount["mountPath"]]
+    settings = load_sink_settings_text(config["data"]["gateway.toml"])
+    (port,) = spec["driver"]["ports"]
+    assert port["containerPort"] == settings.spark.metrics_port
+    for path in (settings.spark.checkpoint_dir, settings.spark.output_path):
+        (data,) = [m for m in spec["driver"]["volumeMounts"] if m["name"] == "data"]
+        assert path.startswith(data["mountPath"] + "/"), "checkpoint and output on the claim"
+    pvc = one(everything, "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"], "executors write the output too"
+    monitor = one(everything, "PodMonitor")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= spec["driver"]["labels"].items()
+    assert monitor["podMetricsEndpoints"][0]["port"] == port["name"]
+    assert spec["driver"]["serviceAccount"] == one(everything, "ServiceAccount")["metadata"]["name"]
+    assert spec["sparkVersion"] in (REPO / "deploy" / "spark.Dockerfile").read_text()
+
+
+def load_sink_settings_text(text: str) -> Any:
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "gateway.toml"
+        path.write_text(text)
+        return load_sink_settings(path)
