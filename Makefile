@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint typecheck format bench spark-pack chaos chaos-ci clean
 
-$(STAMP): pyproject.toml scripts/setup.sh scripts/setup-ops.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/setup-ops.sh
 	bash scripts/setup.sh $(VENV)
 	touch $(STAMP)
 

@@ -14,12 +14,12 @@ FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY gateway/ gateway/
 COPY spark_sink/ spark_sink/
 # Every dependency ships manylinux wheels for CPython 3.11 (hiredis, uvloop,
 # pydantic-core, aiohttp...), so no compiler is needed even here.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt .
 
 # --- runtime: no build tools, no pip cache, non-root -------------------------
 FROM ${PYTHON_IMAGE}

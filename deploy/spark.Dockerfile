@@ -7,9 +7,12 @@
 # The official image runs Python 3.10 (Ubuntu jammy) and this project needs 3.11,
 # so a standalone CPython 3.11 is installed by uv into /opt/venv and PySpark
 # is taken from the image's own /opt/spark/python (the same version as the jars).
+# The Spark version is the pyspark pinned in constraints.txt (the one tested;
+# tests/ops/test_constraints.py), and the venv's packages are pinned by it too:
+# the `spark` extra minus pyspark, plus py4j for the image's pyspark.
 
-ARG SPARK_IMAGE=apache/spark:4.0.1-scala2.13-java17-python3-ubuntu
-ARG KAFKA_CONNECTOR=org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.1
+ARG SPARK_IMAGE=apache/spark:4.3.0-scala2.13-java17-python3-ubuntu
+ARG KAFKA_CONNECTOR=org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0
 
 # --- connector: resolve the Kafka connector and its dependencies once ---------
 FROM ${SPARK_IMAGE} AS connector
@@ -25,10 +28,11 @@ RUN /opt/spark/bin/spark-submit --master "local[1]" \
 # --- builder: the project as a wheel ------------------------------------------
 FROM python:3.11-slim-bookworm AS builder
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY gateway/ gateway/
 COPY spark_sink/ spark_sink/
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+ && cp constraints.txt /wheels/
 
 # --- uv, pinned ----------------------------------------------------------------
 FROM ghcr.io/astral-sh/uv:0.9.30 AS uv
@@ -44,8 +48,8 @@ ENV UV_PYTHON_INSTALL_DIR=/opt/python \
 RUN --mount=type=bind,from=uv,source=/uv,target=/usr/local/bin/uv \
     --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     uv venv --python 3.11 /opt/venv \
- && uv pip install --python /opt/venv/bin/python /wheels/dedup_gateway-*.whl \
-        "pyarrow>=15,<22" "pandas>=2,<3" "confluent-kafka>=2.4,<3" "py4j>=0.10.9.7,<0.10.10" \
+ && uv pip install --python /opt/venv/bin/python --constraints /wheels/constraints.txt \
+        /wheels/dedup_gateway-*.whl pyarrow pandas confluent-kafka py4j \
  && mkdir -p /var/lib/spark/checkpoint /var/lib/spark/output /etc/dedup-gateway \
  && chown -R spark:spark /var/lib/spark
 

@@ -170,6 +170,7 @@ def write_toml(path: Path, settings: Settings) -> Path:
             f'mode = "{coalesce.mode}"',
             f'window = "{coalesce.window // ms}ms"',
             f'max_window = "{coalesce.max_window // ms}ms"',
+            f'grace = "{coalesce.grace // ms}ms"',
         ]
     path.write_text("\n".join(lines) + "\n")
     return path

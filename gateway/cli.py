@@ -22,6 +22,7 @@ import uvloop
 from gateway.config import CONFIG_ENV, ConfigError, Settings, effective, load_settings
 from gateway.logs import configure
 from gateway.metrics import package_version
+from gateway.settings_text import to_toml
 
 logger = logging.getLogger("gateway")
 GC_YOUNG = 20_000
@@ -30,6 +31,9 @@ GC_YOUNG = 20_000
 def _settings(args: argparse.Namespace) -> Settings:
     settings = load_settings(args.config)
     configure(settings.log)
+    if getattr(args, "quiet", False) and not args.verbose:
+        # An operator command's output is its report: the service's INFO lines only with -v.
+        logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
     return settings
 
 
@@ -111,23 +115,92 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Validate the settings and print them as the gateway would run, secrets masked."""
-    data = effective(load_settings(args.config))
-    print(json.dumps(data, indent=2) if args.output == "json" else _toml_like(data))
+    """Validate the settings (the Spark job's `[spark]` too) and print them as the gateway
+    would run, secrets masked; with --connect, reach every member and the broker instead."""
+    from spark_sink.config import load_sink_settings
+
+    settings = load_settings(args.config)
+    sink = load_sink_settings(args.config)
+    if args.connect:
+        return _check_connect(args, settings)
+    data = effective(settings)
+    data["spark"] = effective(sink)["spark"]
+    print(json.dumps(data, indent=2) if args.output == "json" else to_toml(data))
     return 0
 
 
-def _toml_like(data: dict[str, Any], section: str = "") -> str:
-    """Sections and `key = value` lines (values as JSON); unset values as comments."""
-    lines: list[str] = []
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    for key, value in data.items():
-        if key not in tables:
-            lines.append(f"# {key} is not set" if value is None else f"{key} = {json.dumps(value)}")
-    for key, value in tables.items():
-        name = f"{section}.{key}" if section else key
-        lines += ["", f"[{name}]", _toml_like(value, name)]
-    return "\n".join(lines).strip("\n")
+def _check_connect(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway import connect_check
+
+    configure(settings.log)
+    if not args.verbose:
+        logging.getLogger().setLevel(logging.ERROR)  # the findings say what went wrong
+    findings = uvloop.run(connect_check.check(settings))
+    if args.output == "json":
+        print(
+            json.dumps(
+                [
+                    {"severity": f.severity.name, "where": f.where, "message": f.message}
+                    for f in findings
+                ],
+                indent=2,
+            )
+        )
+    else:
+        print("\n".join(f.line() for f in findings))
+    return connect_check.exit_code(findings)
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from gateway import topics
+
+    settings = _settings(args)
+    specs = topics.needed_topics(settings, args.partitions)
+    if not (args.create or args.check):
+        if args.output == "json":
+            print(json.dumps(topics.as_json(specs, None), indent=2))
+        else:
+            print(topics.render(specs, None))
+        return 0
+    return uvloop.run(_topics_on_broker(args, settings, specs))
+
+
+async def _topics_on_broker(args: argparse.Namespace, settings: Settings, specs: list[Any]) -> int:
+    from gateway import topics
+
+    admin = topics.admin_client(settings.kafka)
+    try:
+        await admin.start()
+        existing = await topics.existing_topics(admin, [s.name for s in specs])
+        created: list[topics.Created] = []
+        if args.create:
+            brokers = len((await admin.describe_cluster())["brokers"])
+            replication = args.replication_factor or min(3, brokers)
+            created = await topics.create_missing(admin, specs, existing, replication, args.dry_run)
+    finally:
+        await admin.close()
+    failed = [c for c in created if c.error]
+    if args.output == "json":
+        print(
+            json.dumps(
+                {
+                    "topics": topics.as_json(specs, existing),
+                    "dry_run": args.dry_run,
+                    "created": [c.name for c in created if not c.error],
+                    "failed": {c.name: c.error for c in failed},
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(topics.render(specs, existing))
+        verb = "would create" if args.dry_run else "created"
+        for c in created:
+            print(f"{c.name}: {c.error}" if c.error else f"{verb} {c.name}")
+        if args.create and not created:
+            print("every topic exists")
+    missing = args.check and not args.create and len(existing) < len(specs)
+    return 1 if failed or missing else 0
 
 
 def _message_id(args: argparse.Namespace) -> bytes:
@@ -181,7 +254,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
             )
         )
     return uvloop.run(
-        redrive.redrive(settings, args.limit, dry_run=args.dry_run, output=args.output)
+        redrive.redrive(
+            settings, args.limit, dry_run=args.dry_run, output=args.output, verbose=args.verbose
+        )
     )
 
 
@@ -221,6 +296,41 @@ def _worker_count(text: str) -> int:
     return count
 
 
+EXAMPLES = {
+    "run": "example:\n  dedup-gateway run --config gateway.toml",
+    "check-config": (
+        "examples:\n  dedup-gateway check-config --config gateway.toml > effective.toml\n"
+        "  dedup-gateway check-config --config gateway.toml --connect\n\n"
+        "exit codes: 0 valid (with --connect: everything reached and fits), 1 warnings\n"
+        "only (--connect: it runs, but a setting should change), 2 invalid settings\n"
+        "(the line names the setting), 3 (--connect) an error: something unreachable,\n"
+        "refused, missing or unsafe, named on its line"
+    ),
+    "topics": (
+        "examples:\n  dedup-gateway topics --config gateway.toml\n"
+        "  dedup-gateway topics --config gateway.toml --create --dry-run\n"
+        "  dedup-gateway topics --config gateway.toml --create --partitions 12\n\n"
+        "exit codes: 0 done, 1 a topic could not be created (or, with --check, is missing)"
+    ),
+    "inspect": "example:\n  dedup-gateway inspect --config gateway.toml order-1234",
+    "release": (
+        "examples:\n  dedup-gateway release --config gateway.toml order-1234 --token TOKEN\n"
+        "  dedup-gateway release --config gateway.toml --id-hex 6f72646572 --yes --dry-run"
+    ),
+    "redrive": (
+        "example:\n  dedup-gateway redrive --config gateway.toml --limit 100 --dry-run\n\n"
+        "progress on stderr: a bar on a terminal, else a JSON line every 10 s"
+    ),
+    "pause": "example:\n  dedup-gateway pause --config gateway.toml redis-1.internal:6379/0",
+    "resume": "example:\n  dedup-gateway resume --config gateway.toml redis-1.internal:6379/0",
+    "rebuild": (
+        "example:\n  dedup-gateway rebuild --config gateway.toml redis-1.internal:6379/0 "
+        "--from redis-0.internal:6379/0\n\n"
+        "progress on stderr: a bar on a terminal, else a JSON line every 10 s"
+    ),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dedup-gateway", description="Crash-safe quorum dedup gateway between Kafka topics."
@@ -228,17 +338,51 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the gateway service")
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=help_text,
+            epilog=EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    run = add("run", "run the gateway service")
     run.add_argument(
         "--workers", type=_worker_count, metavar="N",
         help="gateway processes under one supervisor (default: [kafka] workers, 1)",
     )  # fmt: skip
     run.set_defaults(func=cmd_run)
-    check = sub.add_parser("check-config", help="validate the settings and print them")
+    check = add("check-config", "validate the settings and print them")
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="reach every Redis member and the broker; one line per finding",
+    )
     check.set_defaults(func=cmd_check_config)
+    topics = add("topics", "print the topics the settings need; create the missing ones")
+    topics.add_argument("--create", action="store_true", help="create the missing topics")
+    topics.add_argument(
+        "--check",
+        action="store_true",
+        help="show which exist on the broker (exit 1 if any is missing)",
+    )
+    topics.add_argument(
+        "--partitions",
+        type=int,
+        default=6,
+        metavar="N",
+        help="partitions of the raw, clean and delay topics (default 6)",
+    )
+    topics.add_argument(
+        "--replication-factor",
+        type=int,
+        metavar="N",
+        help="replicas per partition (default: 3, or fewer brokers)",
+    )
+    topics.set_defaults(func=cmd_topics)
 
-    inspect_ = sub.add_parser("inspect", help="show an id's mark on every Redis instance")
-    release = sub.add_parser("release", help="release an id's mark by hand")
+    inspect_ = add("inspect", "show an id's mark on every Redis instance")
+    release = add("release", "release an id's mark by hand")
     release.add_argument("--token", help="only where the mark holds this dedup-token")
     release.add_argument("--yes", action="store_true", help="no --token: do not ask to confirm")
     for id_cmd in (inspect_, release):
@@ -246,31 +390,37 @@ def build_parser() -> argparse.ArgumentParser:
         which.add_argument("id", nargs="?", help="the message id, as text")
         which.add_argument("--id-b64", type=_id_b64, help="the message id's bytes, in base64")
         which.add_argument("--id-hex", type=_id_hex, help="the message id's bytes, in hex")
-    redrive = sub.add_parser("redrive", help="re-inject dead-lettered records into raw")
+    redrive = add("redrive", "re-inject dead-lettered records into raw")
     redrive.add_argument("--limit", type=int, help="at most this many records")
-    pause = sub.add_parser(
-        "pause", help="stop counting one Redis member and sending it claims (maintenance)"
-    )
+    pause = add("pause", "stop counting one Redis member and sending it claims (maintenance)")
     pause.add_argument("--force", action="store_true", help="even if fewer than a majority remain")
-    resume = sub.add_parser("resume", help="count a paused Redis member again")
+    resume = add("resume", "count a paused Redis member again")
     for member_cmd in (pause, resume):
         member_cmd.add_argument("member", help="the member, as the gateway names it")
     for operator_cmd in (inspect_, release, redrive, pause, resume):
         operator_cmd.set_defaults(func=cmd_operator)
 
-    rebuild = sub.add_parser("rebuild", help="rebuild one Redis member's marks from the others")
+    rebuild = add("rebuild", "rebuild one Redis member's marks from the others")
     rebuild.add_argument("member", help="the member to rebuild, as the gateway names it")
     rebuild.add_argument("--from", dest="source", help="copy from this member only")
     rebuild.set_defaults(func=cmd_rebuild)
 
-    for dry in (release, redrive, rebuild):
+    for dry in (release, redrive, rebuild, topics):
         dry.add_argument("--dry-run", action="store_true", help="say what would happen only")
-    for command in (run, check, inspect_, release, redrive, rebuild, pause, resume):
+    for command in (run, check, topics, inspect_, release, redrive, rebuild, pause, resume):
         command.add_argument(
             "--config", type=Path, help=f"TOML settings file (default: ${CONFIG_ENV})"
         )
-    for command in (check, inspect_, release, redrive, rebuild, pause, resume):
+    for command in (check, topics, inspect_, release, redrive, rebuild, pause, resume):
         command.add_argument("--output", choices=("text", "json"), default="text")
+        command.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="also the service's INFO log lines (warnings only without)",
+        )
+    for command in (topics, inspect_, release, redrive, rebuild, pause, resume):
+        command.set_defaults(quiet=True)
     return parser
 
 

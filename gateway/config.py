@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -35,7 +36,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from gateway import sizing
+from gateway import client_properties, sizing
 from gateway.errors import ConfigError
 from gateway.member_urls import MemberUrl, check_member_url, masked, member_name
 
@@ -44,22 +45,50 @@ CONFIG_ENV = "GATEWAY_CONFIG"  # the config file, when --config is not given
 
 __all__ = ["ConfigError", "Settings", "load", "load_settings"]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_DURATION = re.compile(rf"^\s*(?:{_DURATION_PART.pattern}\s*)+$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(value: Any) -> timedelta:
-    """`"24h"`, `"500ms"`, `"30s"`, `"7d"`, a number of seconds, or a timedelta."""
+    """`"24h"`, `"500ms"`, `"1h30m"`, `"7d"`, a number of seconds, or a timedelta."""
     if isinstance(value, timedelta):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
         return timedelta(seconds=value)
-    if isinstance(value, str) and (match := _DURATION.match(value)):
-        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
-    raise ValueError(f"expected a duration like '24h', '500ms' or '30s', got {value!r}")
+    if isinstance(value, str) and _DURATION.match(value):
+        return sum(
+            (timedelta(seconds=float(n) * _UNIT_SECONDS[unit])
+             for n, unit in _DURATION_PART.findall(value)),
+            timedelta(),
+        )  # fmt: skip
+    raise ValueError(f"expected a duration like '24h', '1h30m', '500ms' or '30s', got {value!r}")
 
 
-Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+def format_duration(value: timedelta) -> str | float:
+    """The duration as `parse_duration` reads it back: `"1h30m"`, `"100ms"`, `"0s"`
+    (a negative one as a number of seconds, which no unit spells)."""
+    if value < timedelta(0):
+        return value.total_seconds()
+    micros = value // timedelta(microseconds=1)
+    parts = []
+    for unit, size in (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000),
+                       ("s", 1_000_000)):  # fmt: skip
+        count, micros = divmod(micros, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if micros:
+        ms = f"{micros / 1000:.3f}".rstrip("0").rstrip(".")
+        parts.append(f"{ms}ms")
+    return "".join(parts) or "0s"
+
+
+# Written out (`check-config`, JSON dumps) as `format_duration` spells it, so it loads back.
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str | float, when_used="json"),
+]
 
 
 class _Section(BaseModel):
@@ -99,6 +128,13 @@ class KafkaSettings(_Section):
     # The broker's limit on one produce request (`message.max.bytes`); a clean
     # copy that would outgrow it is quarantined as `too_large` instead.
     max_request_bytes: int = Field(default=1_048_576, ge=1024, le=2**31 - 1)
+    # `[kafka.client]`: raw client properties (gateway/client_properties.py).
+    client: dict[str, client_properties.ClientValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _usable_client_properties(self) -> KafkaSettings:
+        client_properties.check(self.client, self.sasl_mechanism)
+        return self
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -217,6 +253,10 @@ class CoalesceSettings(_Section):
     mode: Literal["fixed", "trailing"] = "fixed"
     window: Duration = timedelta(seconds=2)
     max_window: Duration = timedelta(seconds=30)
+    # How long after its end a window still takes updates stamped inside it (records
+    # in flight: producer linger, broker, fetch): it closes at end + grace by the
+    # gateway's clock. Later updates are counted as late (README "Coalescing windows").
+    grace: Duration = timedelta(seconds=1)
 
     @field_validator("key")
     @classmethod
@@ -229,6 +269,18 @@ class CoalesceSettings(_Section):
         if value < timedelta(milliseconds=1) or value % timedelta(milliseconds=1):
             raise ValueError(f"must be a positive whole number of milliseconds, got {value}")
         return value
+
+    @field_validator("grace")
+    @classmethod
+    def _whole_ms_or_none(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0) or value % timedelta(milliseconds=1):
+            raise ValueError(f"must be a whole number of milliseconds (0 or more), got {value}")
+        return value
+
+    @property
+    def longest(self) -> timedelta:
+        """The longest a window stays open (fixed: `window`; trailing: `max_window`)."""
+        return self.max_window if self.mode == "trailing" else self.window
 
 
 class FailureSettings(_Section):
@@ -390,10 +442,14 @@ class Settings(TomlSettings):
             raise ValueError("coalesce.enabled needs delay.enabled: records wait in the tiers")
         if c.mode == "trailing" and c.max_window < c.window:
             raise ValueError("coalesce.max_window must be at least coalesce.window")
-        longest = c.max_window if c.mode == "trailing" else c.window
-        if longest > self.delay.max_delay:
+        # A record waits until its window's end plus grace: the wait, and so the mark's
+        # life ([redis] ttl >= delay.max_delay), must hold it.
+        what = "coalesce.max_window" if c.mode == "trailing" else "coalesce.window"
+        if c.longest + c.grace > self.delay.max_delay:
             raise ValueError(
-                f"coalesce: a window of up to {longest} is longer than delay.max_delay"
+                f"{what} + coalesce.grace ({c.longest} + {c.grace}) is longer than "
+                f"delay.max_delay ({self.delay.max_delay}): lower them or raise delay.max_delay "
+                "(and [redis] ttl)"
             )
         return self
 
@@ -460,6 +516,14 @@ def _describe(exc: ValidationError) -> str:
 def effective(settings: BaseSettings) -> dict[str, Any]:
     """The settings as plain data, secrets masked (`check-config`, the start-up log)."""
     data: dict[str, Any] = settings.model_dump(mode="json", by_alias=True)
+    if "kafka" in data:
+        data["kafka"]["client"] = client_properties.masked(data["kafka"]["client"])
     if isinstance(settings, Settings):
         data["redis"]["nodes"] = [masked(n) for n in settings.redis.nodes]
+        # The raw topics once (both would not load back): as `[kafka] raw_topics` when
+        # the lanes are the one lane that stands for it, else as `[[lanes]]`.
+        if settings.lanes == [LaneSettings(name="default", raw_topics=settings.kafka.raw_topics)]:
+            del data["lanes"]
+        else:
+            del data["kafka"]["raw_topics"]
     return data

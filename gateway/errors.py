@@ -23,7 +23,7 @@ BAD_RECORD_REASONS = (
     "bad_deliver_at", "bad_deliver_after", "conflicting_delay", "delay_too_long",
     "bad_tier_record",
     # coalescing windows (gateway/delay/coalescer.py)
-    "no_coalesce_key",
+    "no_coalesce_key", "window_expired",
 )  # fmt: skip
 INVALID_COMMAND_REASONS = (
     "too_large", "not_json", "not_object", "missing_field", "bad_field", "raw_record_gone",

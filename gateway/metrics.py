@@ -214,8 +214,21 @@ class Metrics:
         )
         self.coalesce_lateness = Histogram(
             f"{PREFIX}_coalesce_emit_lateness_seconds",
-            "A window's close to the broker's acknowledgement of its clean record",
+            "A window's close (its end + grace) to the broker's acknowledgement of its clean "
+            "record",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.coalesce_late = Counter(
+            f"{PREFIX}_coalesce_late",
+            "Updates taken after their window's close (its end + grace): not merged into "
+            "what the close sent",
+            registry=r,
+        )
+        self.coalesce_update_lateness = Histogram(
+            f"{PREFIX}_coalesce_lateness_seconds",
+            "How long after its window's close (its end + grace) a late update was taken",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600),
             registry=r,
         )
         # Priority lanes (gateway/raw/lanes.py).

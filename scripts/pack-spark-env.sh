@@ -59,7 +59,9 @@ cp -R "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/gateway" "$REPO/spark_sink
 find "$WORK/src" -name __pycache__ -prune -exec rm -rf {} +
 
 "$PYTHON" -m venv "$WORK/env"
-"$WORK/env/bin/python" -m pip install -q --disable-pip-version-check "$WORK/src" "${EXTRAS[@]}"
+# The tested versions (constraints.txt, shared with `make setup` and the images).
+"$WORK/env/bin/python" -m pip install -q --disable-pip-version-check \
+  -c "$REPO/constraints.txt" "$WORK/src" "${EXTRAS[@]}"
 if "$WORK/env/bin/python" -c "import pyspark" 2>/dev/null; then
   echo "pack-spark-env: pyspark got into the environment; it must come from the cluster" >&2
   exit 1

@@ -20,6 +20,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[dev]"
+# constraints.txt: the versions the project is tested with (also used by the images
+# and the Spark pack).
+"$VENV/bin/python" -m pip install -q -c "$(dirname "$0")/../constraints.txt" -e ".[dev]"
 bash "$(dirname "$0")/setup-ops.sh"
 echo "setup: done ($VENV)"

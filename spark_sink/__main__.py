@@ -39,10 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spark_sink: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log)
-    if args.until_idle:
-        print(json.dumps(asdict(run_until_idle(settings))))
-    else:
-        run_forever(settings)
+    try:
+        if args.until_idle:
+            print(json.dumps(asdict(run_until_idle(settings))))
+        else:
+            run_forever(settings)
+    except ConfigError as exc:  # a setting that only the started session can check
+        print(f"spark_sink: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

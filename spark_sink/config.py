@@ -18,7 +18,8 @@ from pydantic_settings import SettingsConfigDict
 
 from gateway.config import Duration, KafkaSettings, LogSettings, TomlSettings, load
 
-DEFAULT_HANDLER = "spark_sink.handlers:orders"
+# Every record passes: a first run on plain records writes them all and releases none.
+DEFAULT_HANDLER = "spark_sink.handlers:passthrough"
 
 
 class SparkSettings(BaseModel):
@@ -53,6 +54,13 @@ class SparkSettings(BaseModel):
     app_name: str = "dedup-spark-sink"
     # Extra Spark configuration, e.g. {"spark.sql.shuffle.partitions" = "4"}.
     conf: dict[str, str] = Field(default_factory=dict)
+    # The job's Prometheus metrics (spark_sink.metrics) at http://metrics_host:port/metrics,
+    # served by the driver; 0 serves none.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"  # every interface: Prometheus scrapes from elsewhere
+    # A batch whose handler fails more than this share of its records is logged as an
+    # ERROR with the first reasons (a broken handler or unexpected input, not bad records).
+    failure_alarm_share: float = Field(default=0.5, ge=0.0, le=1.0)
 
     @field_validator("handler")
     @classmethod

@@ -27,6 +27,7 @@ the batch reuses the stored outcomes instead of calling the handler again.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +37,12 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_sink.transforms import DEDUP_COLUMNS, ID_BYTES, REASON
 
+logger = logging.getLogger(__name__)
+
 Handler = Callable[[DataFrame], DataFrame]
 REQUIRED_COLUMNS = (*DEDUP_COLUMNS, REASON)
+# How many distinct failure reasons a mostly-failed batch's log line names.
+REASONS_SHOWN = 3
 
 ORDER_SCHEMA = StructType(
     [
@@ -141,3 +146,24 @@ def check_result(result: DataFrame) -> None:
     missing = [c for c in REQUIRED_COLUMNS if c not in result.columns]
     if missing:
         raise HandlerError(f"handler result lacks column(s) {missing}")
+
+
+def warn_if_mostly_failed(
+    failed: DataFrame, batch_id: int, records: int, failures: int, share: float
+) -> bool:
+    """Log an ERROR naming the first reasons when more than `share` of a batch's
+    `records` failed (`failed`: its failed rows); returns whether it did.
+
+    Many failures at once mean a handler that does not fit the data (e.g. the
+    `orders` example on records that are not JSON orders), not bad records: every
+    one of them is released and retried by the gateway until it is dead-lettered.
+    """
+    if records == 0 or failures <= share * records:
+        return False
+    reasons = [r[REASON] for r in failed.select(REASON).distinct().limit(REASONS_SHOWN).collect()]
+    logger.error(
+        "batch %d: the handler failed %d of %d records (more than %.0f%%; each is released"
+        " and retried); first reasons: %s",
+        batch_id, failures, records, share * 100, "; ".join(map(str, reasons)),
+    )  # fmt: skip
+    return True

@@ -14,18 +14,25 @@ import os
 import signal
 import sys
 import threading
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+from pyspark import SparkFiles
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+import gateway
+import spark_sink
+from gateway.config import ConfigError
 from gateway.kafka.clients import java_client_options, librdkafka_options
 from spark_sink import kafka_source
 from spark_sink.config import SinkSettings
 from spark_sink.handlers import Handler, resolve_handler
+from spark_sink.metrics import JobListener, JobMetrics, SinkCountsCollector, serve_metrics
 from spark_sink.sink import BatchSink
 from spark_sink.transforms import drop_duplicate_deliveries, parse_dedup_headers
 
@@ -58,22 +65,104 @@ class RunReport:
 
 
 def build_session(settings: SinkSettings) -> SparkSession:
-    """The SparkSession for the job (reused if one is already active)."""
+    """The SparkSession for the job (reused if one is already active).
+
+    On a cluster (any master but local) the driver's `spark_sink` and `gateway`
+    packages are shipped to the executors (`ship_code`), so they run the driver's
+    code whatever their Python environment holds."""
     builder = SparkSession.builder.appName(settings.spark.app_name)
     if settings.spark.master:
         builder = builder.master(settings.spark.master)
-    if (settings.spark.master or "local").startswith("local"):
-        use_this_python()
+    choose_worker_python(settings)
     for key, value in {**DEFAULT_CONF, **settings.spark.conf}.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if not (session.sparkContext.master or "local").startswith("local"):
+        ship_code(session)
+    return session
 
 
-def use_this_python() -> None:
-    """Make local Python workers (executors, the data source planner) run this
-    interpreter, which has this package and pyarrow, not the first `python3` on PATH.
-    Takes effect for a SparkContext created afterwards; an explicit PYSPARK_PYTHON wins."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+def choose_worker_python(settings: SinkSettings) -> None:
+    """The Python that Spark's Python workers run (executors, and on the driver the
+    Python source's planner): `spark.conf."spark.pyspark.python"` when set, else an
+    inherited PYSPARK_PYTHON (spark-submit sets it from that conf), else this
+    interpreter, which has this package and pyarrow (not the first `python3` on
+    PATH). PySpark reads only the environment variable, once, when the
+    SparkContext starts."""
+    configured = settings.spark.conf.get("spark.pyspark.python")
+    if configured:
+        os.environ["PYSPARK_PYTHON"] = configured
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def ship_code(spark: SparkSession) -> str:
+    """Zip this process's `spark_sink` and `gateway` packages and put the zip on every
+    executor's PYTHONPATH (SparkContext.addPyFile); returns its path.
+
+    Executors unpickle the Python source's reader and the sink's functions by
+    module name: without this they fail with "No module named 'spark_sink'"
+    unless their environment has the package (and then maybe another version).
+    The zip lives in the driver's SparkFiles folder, which Spark deletes at stop."""
+    folder = os.path.join(SparkFiles.getRootDirectory(), "spark-sink-code")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "spark_sink_code.zip")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in (spark_sink, gateway):
+            root = os.path.dirname(os.path.abspath(package.__file__ or ""))
+            for here, dirs, files in os.walk(root):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                for name in files:
+                    full = os.path.join(here, name)
+                    archive.write(full, os.path.relpath(full, os.path.dirname(root)))
+    spark.sparkContext.addPyFile(path)
+    return path
+
+
+def check_planner_python(spark: SparkSession, settings: SinkSettings) -> None:
+    """Raise ConfigError when the Python source cannot be planned here.
+
+    The Python Kafka source is planned on the driver by a Python worker that
+    runs the executors' Python (`spark.pyspark.python`: Spark has one setting for
+    both). A relative path such as `./environment/bin/python` (an archive that
+    `--archives` unpacks in each executor's folder) does not exist beside a
+    client-mode driver unless the archive is unpacked there too."""
+    python = spark.sparkContext.pythonExec
+    if not python or "/" not in python or os.path.isabs(python) or os.path.exists(python):
+        return  # a name looked up on PATH, an absolute path, or one that is here
+    conf = settings.spark
+    if conf.source == "native" or (conf.source == "auto" and connector_available(spark)):
+        return
+    raise ConfigError(
+        f"spark.pyspark.python = {python!r} does not exist in {os.getcwd()}, where the "
+        "driver plans the Python Kafka source: unpack the archive here too (client mode, "
+        "docs/spark-cluster.md) or give a Python that exists on every host"
+    )
+
+
+def start_metrics(
+    spark: SparkSession,
+    settings: SinkSettings,
+    sink: BatchSink,
+    registry: CollectorRegistry | None = None,
+) -> Callable[[], None]:
+    """Export the job's metrics (spark_sink.metrics) on `registry` (a fresh one when
+    None) and serve them on `spark.metrics_port` when set; returns what stops both."""
+    registry = registry if registry is not None else CollectorRegistry()
+    listener = JobListener(JobMetrics(registry))
+    registry.register(SinkCountsCollector(lambda: [sink.counts]))
+    sink.failure_alarm_share = settings.spark.failure_alarm_share
+    spark.streams.addListener(listener)
+    port = settings.spark.metrics_port
+    server = serve_metrics(registry, port, settings.spark.metrics_host) if port else None
+
+    def stop() -> None:
+        spark.streams.removeListener(listener)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    return stop
 
 
 def connector_available(spark: SparkSession) -> bool:
@@ -162,7 +251,11 @@ def spark_checkpoint(settings: SinkSettings) -> str:
 
 
 def run_until_idle(
-    settings: SinkSettings, *, spark: SparkSession | None = None, handler: Handler | None = None
+    settings: SinkSettings,
+    *,
+    spark: SparkSession | None = None,
+    handler: Handler | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> RunReport:
     """Process everything in the clean topic now, then stop; returns the counts.
 
@@ -170,11 +263,14 @@ def run_until_idle(
     arrived since. `spark`: an existing session (else one is built from the
     settings and stopped at the end); `handler`: overrides `spark.handler`.
     Raises the query's exception if it failed (e.g. the broker is unreachable).
+    `registry`: where the job's metrics go (`start_metrics`).
     """
     own_session = spark is None
     session = spark or build_session(settings)
     sink = make_sink(settings, handler)
+    stop_metrics = start_metrics(session, settings, sink, registry)
     try:
+        check_planner_python(session, settings)
         query = start_query(session, settings, sink, available_now=True)
         try:
             query.awaitTermination()
@@ -191,6 +287,7 @@ def run_until_idle(
             output_rows=count_output(session, settings.spark.output_path),
         )
     finally:
+        stop_metrics()
         sink.close()
         if own_session:
             session.stop()
@@ -206,12 +303,20 @@ def count_output(spark: SparkSession, output_path: str) -> int:
     return spark.read.parquet(output_path).count()
 
 
-def run_forever(settings: SinkSettings, *, spark: SparkSession | None = None) -> None:
+def run_forever(
+    settings: SinkSettings,
+    *,
+    spark: SparkSession | None = None,
+    registry: CollectorRegistry | None = None,
+) -> None:
     """Run the stream until SIGINT/SIGTERM. Stopping may interrupt a batch; the next
-    start re-runs it (output and release commands are idempotent per batch)."""
+    start re-runs it (output and release commands are idempotent per batch).
+    `registry`: where the job's metrics go (`start_metrics`)."""
     own_session = spark is None
     session = spark or build_session(settings)
     sink = make_sink(settings)
+    check_planner_python(session, settings)
+    stop_metrics = start_metrics(session, settings, sink, registry)
     query = start_query(session, settings, sink)
     stopping = threading.Event()
 
@@ -231,6 +336,7 @@ def run_forever(settings: SinkSettings, *, spark: SparkSession | None = None) ->
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         query.stop()
+        stop_metrics()
         sink.close()
         if own_session:
             session.stop()

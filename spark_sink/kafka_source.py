@@ -390,6 +390,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._options = _Options(options)
         self._consumer: Any = None
         self._target: Offsets | None = None
+        # The partitions' ends seen by the last latestOffset call (reportLatestOffset).
+        self._latest: Offsets | None = None
 
     @property
     def consumer(self) -> Any:
@@ -411,10 +413,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         logger.info("availableNow target offsets %s", self._target)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        latest = probe_high_watermarks(self.consumer, self._options.topics)
+        latest = self._latest = probe_high_watermarks(self.consumer, self._options.topics)
         max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = plan_end(offsets_from_json(start), latest, max_records, self._target)
         return offsets_to_json(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The partitions' ends (progress reports' `latestOffset`: the job's lag metric)."""
+        return None if self._latest is None else offsets_to_json(self._latest)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return [

@@ -51,7 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import NullType, StringType
 
-from spark_sink.handlers import Handler, check_result
+from spark_sink.handlers import Handler, check_result, warn_if_mostly_failed
 from spark_sink.transforms import REASON, all_failed, release_commands, split_results
 
 logger = logging.getLogger(__name__)
@@ -205,6 +205,8 @@ class BatchSink:
     failure_topic: str
     producer_config: dict[str, Any]
     counts: SinkCounts = field(default_factory=SinkCounts)
+    # More than this share of a batch failed: logged as an ERROR with the first reasons.
+    failure_alarm_share: float = 1.0
     _producer: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -223,6 +225,7 @@ class BatchSink:
             try:
                 ok, failed = split_results(outcomes)
                 written, failures = count_outcomes(outcomes)
+                warn_if_mostly_failed(failed, batch_id, count, failures, self.failure_alarm_share)
                 self.write_output(ok, batch_id)
                 published = self.publish_releases(failed, batch_id, files, fingerprint)
             finally:

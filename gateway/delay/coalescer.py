@@ -14,12 +14,21 @@ is quarantined as `no_coalesce_key` before it claims its id) and belongs to a wi
    keeps, per window, the newest version seen (timestamp, then source
    coordinates: `version`) and the number of updates (`scripts.COALESCE_UPDATE`).
 2. **Wait**: the record goes to a delay tier (gateway/delay/loop.py), due when its
-   window closes as far as it knows, with `dedup-window: <start>/<close>`.
+   window closes as far as it knows (its end plus `[coalesce] grace`, by the
+   gateway's clock), with `dedup-window: <start>/<end>`. An update taken after
+   its window's close is counted as late (`late_by`).
 3. **Close** (the delay loop, when the record is due): the instances are read
    (`scripts.COALESCE_CLOSE`) and `at_close` decides: a counted instance holds a
-   newer version: dropped (merged); the window was extended (trailing): wait
-   again; fewer than a majority answered: asked again later; else forwarded to
-   the clean topic with `dedup-coalesced: <updates>` and the final `dedup-window`.
+   newer version: dropped (merged); fewer than a majority answered: asked again
+   later; no counted instance holds this record's version: the window's state is
+   gone (expired, or lost with members), quarantined (`window_expired`); the
+   window was extended (trailing): wait again; else forwarded to the clean topic
+   with `dedup-coalesced: <updates>` and the final `dedup-window`.
+
+The wait is the gateway's to bound, not the producer's: a record stamped so far
+ahead of the gateway's clock that its window could close more than `[delay]
+max_delay` from now is windowed by the time the gateway took it (`window_stamp`);
+its version (what "newest" compares) is still its own timestamp.
 
 Why only the newest emits, once: an update reaches a majority before its raw
 offset is committed, so of any two versions a majority saw, one instance that
@@ -41,7 +50,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from gateway.config import Settings
-from gateway.contract.records import H_COALESCED, H_SOURCE, H_WINDOW, Headers, OutRow, Record
+from gateway.contract.records import (
+    H_COALESCED,
+    H_SOURCE,
+    H_WINDOW,
+    Headers,
+    OutRow,
+    Record,
+    source_ref,
+)
 from gateway.contract.tokens import mark_digest
 from gateway.errors import BadRecord
 from gateway.metrics import Metrics
@@ -76,6 +93,8 @@ class Verdict(enum.Enum):
     DROP = "drop"  # a newer version exists: merged into it
     WAIT = "wait"  # the window closes later than this record thought
     ASK_AGAIN = "ask_again"  # fewer than a majority answered
+    LOST = "lost"  # no counted instance holds this record's version: its state is gone
+    BAD = "bad"  # its headers were not written by a gateway (`problem` says why)
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,16 @@ class Closing:
     verdict: Verdict
     close_ms: int = 0  # EMIT: the window's end; WAIT: when to look again
     updates: int = 0  # EMIT: updates the window took
+    closed_ms: int = 0  # EMIT: when the window closed (its end + grace)
+    problem: str = ""  # BAD: why
+
+
+# Why a waiting record whose window state is gone is set aside, not sent: it cannot
+# tell whether a newer version of its window was sent before the state went.
+WINDOW_EXPIRED = (
+    "window_expired: no Redis member holds this window's state (it lives [redis] ttl "
+    "after the window's last update, or went with restarted members)"
+)
 
 
 @dataclass(frozen=True)
@@ -105,18 +134,41 @@ def at_close(
     majority: int,
     shape: WindowShape,
     now: int,
+    grace_ms: int = 0,
 ) -> Closing:
     """The close decision for one waiting record (pure): `answers` are the counted
-    instances' (newest version, updates, newest timestamp), None for no answer."""
+    instances' (newest version, updates, newest timestamp), None for no answer.
+
+    A window closes `grace_ms` after its end. The record's update reached a
+    majority before it waited, so a counted majority holds its version or a newer
+    one; when none holds either, the state is gone and emitting could send an
+    older version after a newer one already sent: LOST."""
     counted = [a for a in answers if a is not None]
     if any(held > mine for held, _, _ in counted):
         return Closing(Verdict.DROP)
     if len(counted) < majority:
         return Closing(Verdict.ASK_AGAIN, now + ASK_AGAIN_MS)
+    if not any(held == mine for held, _, _ in counted):
+        return Closing(Verdict.LOST)
     close = shape.close(start, max(newest for _, _, newest in counted))
-    if close > now:
-        return Closing(Verdict.WAIT, close)
-    return Closing(Verdict.EMIT, close, max(1, *(n for _, n, _ in counted)))
+    if close + grace_ms > now:
+        return Closing(Verdict.WAIT, close + grace_ms)
+    updates = max(1, *(n for _, n, _ in counted))
+    return Closing(Verdict.EMIT, close, updates, close + grace_ms)
+
+
+def late_by(shape: WindowShape, start: int, prev_newest: int, now: int, grace_ms: int) -> int:
+    """How long after its window's close (end + grace, as the window stood before the
+    update: `prev_newest` is its newest timestamp then, 0 if the update opened it) an
+    update was taken at `now`; 0 or less: in time (pure)."""
+    return now - (shape.close(start, prev_newest) + grace_ms)
+
+
+def window_stamp(timestamp_ms: int, now: int, ahead_ms: int) -> int:
+    """The time that places a record in a window: its timestamp, or `now` (the gateway's
+    clock) when the timestamp is more than `ahead_ms` ahead of it, so that no
+    producer's clock stretches a wait past `[delay] max_delay` (pure)."""
+    return now if timestamp_ms - now > ahead_ms else timestamp_ms
 
 
 def agreed_start(starts: Sequence[int]) -> int | None:
@@ -166,6 +218,10 @@ class Coalescer:
         c = settings.coalesce
         self.key_of = build_extractor(c.key, settings.dedup.max_id_bytes)
         self.shape = WindowShape(c.mode, c.window // _MS, c.max_window // _MS)
+        self.grace_ms = c.grace // _MS
+        # A window stamp this far ahead of the gateway's clock may still close (end +
+        # grace) within max_delay; config.py keeps it at 0 or more.
+        self.ahead_ms = (settings.delay.max_delay - c.longest - c.grace) // _MS
         self.quorum = quorum
         self.metrics = metrics
 
@@ -189,42 +245,59 @@ class Coalescer:
 
     async def update(self, rows: Sequence[OutRow]) -> list[tuple[OutRow, int]]:
         """Write each decided-new row's version into its window on every instance; each
-        row with `dedup-window` and when it is due to be looked at (its window's close
-        as far as the instances know)."""
+        row with `dedup-window` and when it is due to be looked at (its window's close,
+        end + grace, as far as the instances know). Counts the late updates."""
         if not rows:
             return []
+        now = now_ms()
         digests, stamps, versions = [], [], []
+        ahead: list[str] = []
         for key, value, timestamp, headers, _ in rows:
             topic, partition, offset = source_of(headers)
             ts = max(timestamp or 0, 0)
             digests.append(self.key_digest(key, value, headers))
-            stamps.append(ts)
+            stamps.append(window_stamp(ts, now, self.ahead_ms))
             versions.append(version(ts, topic, partition, offset))
+            if stamps[-1] != ts:
+                ahead.append(source_ref(topic, partition, offset))
+        if ahead:
+            logger.warning(
+                "coalesce: %d record(s) stamped more than %.0fs ahead of this clock, windowed "
+                "by it instead, e.g. %s", len(ahead), self.ahead_ms / 1000, ahead[0],
+            )  # fmt: skip
         answers = await self._update_on_a_majority(digests, stamps, versions)
         counted = self.quorum.counted()
         out: list[tuple[OutRow, int]] = []
         opened = 0
+        late = []
         for i, (row, ts) in enumerate(zip(rows, stamps, strict=True)):
             said = [a[i] for a, c in zip(answers, counted, strict=True) if a is not None and c]
-            start = agreed_start([s for s, _ in said])
+            start = agreed_start([s for s, _, _ in said])
             if start is None:  # no counted answer: the record's own window
                 start = ts - ts % self.shape.window_ms if self.shape.mode == "fixed" else ts
-            opened += sum(o for _, o in said) * 2 > len(said)
-            close = self.shape.close(start, ts)
+            opened += sum(o for _, o, _ in said) * 2 > len(said)
+            prev = max((p for s, _, p in said if s == start), default=0)
+            if (lateness := late_by(self.shape, start, prev, now, self.grace_ms)) > 0:
+                late.append(lateness)
+            close = self.shape.close(start, max(ts, prev))
             key, value, timestamp, headers, partition = row
             out.append(
-                ((key, value, timestamp, [*headers, window_header(start, close)], partition), close)
-            )
+                ((key, value, timestamp, [*headers, window_header(start, close)], partition),
+                 close + self.grace_ms)
+            )  # fmt: skip
         self.metrics.coalesce_updates.inc(len(rows))
         self.metrics.coalesce_windows_opened.inc(opened)
+        self.metrics.coalesce_late.inc(len(late))
+        for lateness in late:
+            self.metrics.coalesce_update_lateness.observe(lateness / 1000)
         return out
 
     async def _update_on_a_majority(
         self, digests: list[bytes], stamps: list[int], versions: list[str]
-    ) -> list[list[tuple[int, bool]] | None]:
+    ) -> list[list[tuple[int, bool, int]] | None]:
         """The update, tried again (on the instances that did not answer) until a
         majority of counted instances took it, at most UPDATE_TRIES times."""
-        answers: list[list[tuple[int, bool]] | None] = [None] * self.quorum.size
+        answers: list[list[tuple[int, bool, int]] | None] = [None] * self.quorum.size
         c = self.shape
         for attempt in range(UPDATE_TRIES):
             replies = await self.quorum.coalesce_update(
@@ -245,24 +318,34 @@ class Coalescer:
         return answers
 
     async def close(self, waiting: Sequence[Record]) -> list[Closing]:
-        """The close decision of each due record (`at_close`), read from every instance."""
-        digests, starts, mine = [], [], []
-        for rec in waiting:
-            window = parse_window(rec.headers)
-            assert window is not None  # the delay loop sends only records with one
-            topic, partition, offset = source_of(rec.headers)
-            digests.append(self.key_digest(rec.key, rec.value, rec.headers))
+        """The close decision of each due record (`at_close`), read from every instance;
+        BAD for one whose headers were not written by a gateway (the others go on)."""
+        closings: list[Closing | None] = [None] * len(waiting)
+        asked, digests, starts, mine = [], [], [], []
+        for n, rec in enumerate(waiting):
+            try:
+                window = parse_window(rec.headers)
+                if window is None:
+                    raise ValueError("no dedup-window header")
+                topic, partition, offset = source_of(rec.headers)
+                digest = self.key_digest(rec.key, rec.value, rec.headers)
+            except ValueError as exc:  # a BadRecord (no key) too
+                closings[n] = Closing(Verdict.BAD, problem=f"bad_tier_record: {exc}")
+                continue
+            asked.append(n)
+            digests.append(digest)
             starts.append(window[0])
             mine.append(version(max(rec.timestamp or 0, 0), topic, partition, offset))
         answers = await self.quorum.coalesce_close(digests, starts)
         counted = self.quorum.counted()
         now = now_ms()
-        closings = []
-        for i, (start, v) in enumerate(zip(starts, mine, strict=True)):
+        for i, (n, start, v) in enumerate(zip(asked, starts, mine, strict=True)):
             said = [a[i] if a is not None and c else None
                     for a, c in zip(answers, counted, strict=True)]  # fmt: skip
-            closings.append(at_close(v, start, said, self.quorum.majority, self.shape, now))
-        return closings
+            closings[n] = at_close(
+                v, start, said, self.quorum.majority, self.shape, now, self.grace_ms
+            )
+        return [c for c in closings if c is not None]
 
     def emitted(self, headers: Headers, closing: Closing) -> list[tuple[str, bytes]]:
         """A closed window's clean headers: the final `dedup-window`, `dedup-coalesced`."""

@@ -60,8 +60,8 @@ from gateway.contract.records import (
     quarantine_record,
     source_ref,
 )
+from gateway.delay.coalescer import WINDOW_EXPIRED, Verdict, now_ms
 from gateway.delay.coalescer import Coalescer as Closer
-from gateway.delay.coalescer import Verdict, now_ms
 from gateway.kafka.clients import build_consumer, stop_within, unless_stopped
 from gateway.kafka.offsets import (
     DueQueue,
@@ -328,25 +328,26 @@ class DelayLoop:
         stepped: list[_Held],
     ) -> list[int]:
         """Decide the windows of due coalesced records (gateway/delay/coalescer.py): the newest
-        goes to the clean topic, the superseded are dropped, the rest wait again.
-        Returns the emitted windows' close times."""
+        goes to the clean topic, the superseded are dropped, the rest wait again; one
+        that cannot be decided (bad headers, its window's state gone) goes to
+        quarantine alone. Returns the emitted windows' close times."""
         assert self.closer is not None  # records with a window are read only with one
-        try:
-            closings = await self.closer.close([h.record for h in closing])
-        except ValueError as exc:  # a window header not written by a gateway
-            for held in closing:
-                moves[self.quarantine_topic].append(self._quarantined(held.record, str(exc)))
-                stepped.append(held)
-            return []
+        closings = await self.closer.close([h.record for h in closing])
         emitted = []
         for held, decided in zip(closing, closings, strict=True):
             rec = held.record
-            if decided.verdict is Verdict.EMIT:
+            if decided.verdict is Verdict.BAD:
+                moves[self.quarantine_topic].append(self._quarantined(rec, decided.problem))
+            elif decided.verdict is Verdict.LOST:
+                moves[self.quarantine_topic].append(
+                    self._quarantined(rec, WINDOW_EXPIRED, "window_expired")
+                )
+            elif decided.verdict is Verdict.EMIT:
                 headers = self.closer.emitted(_replace_tier_at(rec.headers, None), decided)
                 moves[self.clean_topic].append(
                     OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
                 )
-                emitted.append(decided.close_ms)
+                emitted.append(decided.closed_ms)
                 self.metrics.coalesce_emitted.inc()
             elif decided.verdict is Verdict.DROP:
                 self.metrics.coalesce_merged.inc()
@@ -375,8 +376,8 @@ class DelayLoop:
         # A partition that moved on: its new owner replays the moves (same tokens).
         await self.book.commit(self.consumer, "delay tier")
 
-    def _quarantined(self, rec: Record, problem: str) -> OutRecord:
-        self.metrics.quarantined.labels("bad_tier_record").inc()
+    def _quarantined(self, rec: Record, problem: str, reason: str = "bad_tier_record") -> OutRecord:
+        self.metrics.quarantined.labels(reason).inc()
         logger.warning(
             "quarantined tier record %s: %s", source_ref(rec.topic, rec.partition, rec.offset),
             problem, extra={"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},

@@ -17,6 +17,7 @@ from gateway.contract.records import (
     Record,
 )
 from gateway.kafka.clients import build_consumer, partitions_of
+from gateway.progress import Progress
 from gateway.rules.tiers import (
     Tiers,
     _int_header,
@@ -50,9 +51,12 @@ class Scan:
     complete: bool  # False: stopped at SCAN_LIMIT or SCAN_TIMEOUT_S
 
 
-async def find_waiting(settings: Settings, message_id: bytes) -> Scan:
+async def find_waiting(
+    settings: Settings, message_id: bytes, progress: Progress | None = None
+) -> Scan:
     """The uncommitted tier records of `message_id`: a read of every tier partition from
-    the delay group's commit to its high watermark (what waits), bounded by SCAN_LIMIT."""
+    the delay group's commit to its high watermark (what waits), bounded by SCAN_LIMIT;
+    `progress` counts the records read."""
     kafka = settings.kafka
     tiers = Tiers(settings)
     # Names the group to read its commits; only assigns, so it never joins it.
@@ -76,6 +80,8 @@ async def find_waiting(settings: Settings, message_id: bytes) -> Scan:
             batch = await consumer.getmany(timeout_ms=200)
             for tp, records in batch.items():
                 scan.scanned += len(records)
+                if progress is not None:
+                    progress.advance(len(records))
                 tier = tiers.by_topic[tp.topic]
                 scan.waiting.extend(
                     _waiting(rec, tiers.labels[tier], tiers.ms[tier])

@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from gateway import client_properties
 from gateway.config import KafkaSettings
+from gateway.oauth import token_provider
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
             certfile=str(kafka.ssl_certfile) if kafka.ssl_certfile else None,
             keyfile=str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
         )
+    # `[kafka.client]`: the properties aiokafka has an option for, and an OAUTHBEARER token.
+    options |= client_properties.for_aiokafka(kafka.client)
+    if (provider := token_provider(kafka.client)) is not None:
+        options["sasl_oauth_token_provider"] = provider
     return options
 
 
@@ -68,7 +74,7 @@ def librdkafka_options(kafka: KafkaSettings) -> dict[str, str]:
     ):
         if path is not None:
             config[key] = str(path)
-    return config
+    return config | client_properties.for_family(kafka.client, "librdkafka")
 
 
 def java_client_options(kafka: KafkaSettings) -> dict[str, str]:
@@ -89,8 +95,9 @@ def java_client_options(kafka: KafkaSettings) -> dict[str, str]:
         )
         password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else ""
         options["sasl.mechanism"] = kafka.sasl_mechanism
+        user = jaas_quoted(kafka.sasl_username or "")
         options["sasl.jaas.config"] = (
-            f'{module} required username="{kafka.sasl_username or ""}" password="{password}";'
+            f"{module} required username={user} password={jaas_quoted(password)};"
         )
     if kafka.ssl_cafile is not None:
         options["ssl.truststore.type"] = "PEM"
@@ -99,7 +106,15 @@ def java_client_options(kafka: KafkaSettings) -> dict[str, str]:
         options["ssl.keystore.type"] = "PEM"
         options["ssl.keystore.certificate.chain"] = kafka.ssl_certfile.read_text()
         options["ssl.keystore.key"] = kafka.ssl_keyfile.read_text()
-    return options
+    return options | client_properties.for_family(kafka.client, "java")
+
+
+def jaas_quoted(value: str) -> str:
+    """`value` as a JAAS option's quoted string: Kafka's JaasConfig parser
+    (java.io.StreamTokenizer) reads backslash escapes inside the quotes."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    # A raw line break would end the quoted string.
+    return '"' + escaped.replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
 def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:

@@ -8,9 +8,10 @@ from dataclasses import asdict
 from gateway.config import Settings
 from gateway.contract.records import source_ref
 from gateway.contract.tokens import is_released, mark_digest
-from gateway.delay.scan import find_waiting
+from gateway.delay.scan import Scan, find_waiting
 from gateway.metrics import Metrics
 from gateway.ops.output import Output, id_fields, print_json, table, ttl_text, when_text
+from gateway.progress import Progress
 from gateway.quorum.admin import MarkView
 from gateway.quorum.quorum import Quorum
 
@@ -25,7 +26,7 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
         await quorum.close()
     names = [inst.name for inst in quorum.instances]
     if output == "json":
-        waiting = await find_waiting(settings, message_id) if settings.delay.enabled else None
+        waiting = await _scan(settings, message_id) if settings.delay.enabled else None
         print_json({
             **id_fields(message_id), "digest": digest.hex(),
             "instances": [{"instance": name, "answered": view is not None,
@@ -43,8 +44,17 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
     return 0
 
 
+async def _scan(settings: Settings, message_id: bytes) -> Scan:
+    """The delay tiers' scan, its progress on stderr (it may read many records)."""
+    progress = Progress("inspect: delay tier records read")
+    try:
+        return await find_waiting(settings, message_id, progress)
+    finally:
+        progress.finish()
+
+
 async def _print_waiting(settings: Settings, message_id: bytes) -> None:
-    scan = await find_waiting(settings, message_id)
+    scan = await _scan(settings, message_id)
     if not scan.waiting:
         print("not waiting in any delay tier")
     else:

@@ -35,10 +35,12 @@ from typing import Any, Literal
 
 from gateway.config import Settings
 from gateway.metrics import Metrics
+from gateway.progress import Progress
 from gateway.quorum.admin import Imported
 from gateway.quorum.keys import EPOCH_TRUSTED
 from gateway.quorum.link import MemberLink
 from gateway.quorum.quorum import Quorum
+from gateway.quorum.scripts import SLICES_BACK
 from gateway.rules.vote import leader
 
 OK, FAILED, USAGE = 0, 1, 2  # exit codes
@@ -70,25 +72,29 @@ class RebuildError(Exception):
 
 
 async def rebuild(
-    settings: Settings, member: str, *, source: str | None, dry_run: bool, output: str
-) -> int:
+    settings: Settings, member: str, *, source: str | None, dry_run: bool, output: str,
+    progress: Progress | None = None,
+) -> int:  # fmt: skip
     """Copy the live marks into `member` (host:port/db, as the metrics label names it)
     from `source` (one member) or, when None, from every trusted member; then mark its
     epoch trusted. `dry_run`: count what would be copied, write nothing. `output`:
-    "text" or "json". Returns the exit code: 0 done, 1 failed, 2 bad arguments."""
+    "text" or "json"; `progress`: where marks read are counted as they go. Returns the
+    exit code: 0 done, 1 failed, 2 bad arguments."""
     quorum = Quorum(settings.redis, Metrics())
     report = Report(member, [], dry_run)
+    progress = progress or Progress("rebuild")
     try:
-        code = await _rebuild(quorum, report, source)
+        code = await _rebuild(quorum, report, source, progress)
     except RebuildError as exc:
         report.error, code = str(exc), FAILED
     finally:
         await quorum.close()
+        progress.finish()
     _print(report, "json" if output == "json" else "text")
     return code
 
 
-async def _rebuild(quorum: Quorum, report: Report, source: str | None) -> int:
+async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress: Progress) -> int:
     names = [inst.name for inst in quorum.instances]
     await quorum.refresh_epochs()
     target = _named(quorum, report.member)
@@ -98,7 +104,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None) -> int:
     if source is not None:
         chosen = _named(quorum, source)
         if chosen is None or chosen is target:
-            report.error = f"--source must be another member, one of: {', '.join(names)}"
+            report.error = f"--from must be another member, one of: {', '.join(names)}"
             return USAGE
         if not chosen.up:
             raise RebuildError(f"source {chosen.name} does not answer")
@@ -107,8 +113,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None) -> int:
         sources = [i for i in quorum.instances if i is not target and i.up and i.trusted]
         if not sources:
             raise RebuildError(
-                "no trusted member to copy from; name one with --source to take its marks "
-                "as they are"
+                "no trusted member to copy from; name one with --from to take its marks as they are"
             )
     report.sources = [s.name for s in sources]
     if not target.up or target.epoch is None:
@@ -116,7 +121,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None) -> int:
     epoch = target.epoch
     report.epoch_before = epoch.raw
     for n in range(len(sources)):
-        await _copy_from(quorum, target, epoch.id, sources, n, report)
+        await _copy_from(quorum, target, epoch.id, sources, n, report, progress)
     if report.dry_run:
         report.epoch_after = epoch.raw
         return OK
@@ -130,13 +135,15 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None) -> int:
 
 async def _copy_from(
     quorum: Quorum, target: MemberLink, epoch_id: str, sources: Sequence[MemberLink], n: int,
-    report: Report,
+    report: Report, progress: Progress,
 ) -> None:  # fmt: skip
     """Copy the marks sources[n] holds and no earlier source holds, group by group
     (a cluster member's key groups, gateway/quorum/members.py)."""
     src, others = sources[n], [s for k, s in enumerate(sources) if k != n]
-    for group in range(len(src.groups)):
+    groups = len(src.groups)
+    for group in range(groups):
         cursor: list[Any] = ["start", 0]
+        slices_seen, buckets = 0, max(1, int(src.groups[group].layout[-1]))
         while True:
             reply = await quorum.export(src, group, cursor, EXPORT_BUDGET)
             if reply is None:
@@ -147,6 +154,13 @@ async def _copy_from(
                      for i in range(0, len(flat), 5)}  # fmt: skip
             if found:
                 await _copy_marks(quorum, target, epoch_id, found, others, sources[:n], report)
+            # How far: slices of a group are read newest first, each shard by shard
+            # (an estimate: the live slices are about SLICES_BACK + 1).
+            slices_seen += next_slice != cursor[0]
+            in_group = (
+                1.0 if done else (slices_seen - 1 + int(next_shard) / buckets) / (SLICES_BACK + 1)
+            )
+            progress.advance(len(found), (n + (group + min(in_group, 1.0)) / groups) / len(sources))
             if done:
                 break
             cursor = [next_slice, next_shard]

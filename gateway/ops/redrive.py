@@ -15,6 +15,7 @@ from gateway.kafka.clients import build_consumer, build_producer, partitions_of
 from gateway.metrics import Metrics
 from gateway.ops.output import Output, id_fields, print_json
 from gateway.ops.release import would_release
+from gateway.progress import Progress
 from gateway.quorum.quorum import Quorum
 
 
@@ -33,8 +34,9 @@ class _Outcome:
 
 
 async def redrive(
-    settings: Settings, limit: int | None, *, dry_run: bool = False, output: Output = "text"
-) -> int:
+    settings: Settings, limit: int | None, *, dry_run: bool = False, output: Output = "text",
+    verbose: bool = False, progress: Progress | None = None,
+) -> int:  # fmt: skip
     """Re-inject dead-lettered records into their raw topic, as new records.
 
     Each record's mark is deleted where it still holds the dead-letter token,
@@ -46,18 +48,21 @@ async def redrive(
     there, uncommitted, and the exit code is 1. Progress is committed in
     group `<group_id>.redrive`, so a second run does not re-inject the same
     records. Dead letters without the gateway's headers are skipped (reported,
-    exit code 1) and committed past: nothing could ever redrive them.
+    exit code 1) and committed past: nothing could ever redrive them. Text output
+    is a summary (a line per record with `verbose`); `progress` counts records read.
     """
     kafka = settings.kafka
     consumer = build_consumer(kafka, f"{kafka.group_id}.redrive")
     producer: AIOKafkaProducer = build_producer(kafka)
     quorum = Quorum(settings.redis, Metrics())
-    run = _Redrive(settings, consumer, producer, quorum, dry_run, output == "text")
+    run = _Redrive(settings, consumer, producer, quorum, dry_run, output == "text" and verbose)
+    run.progress = progress or Progress("redrive")
     await consumer.start()
     await producer.start()
     try:
         await run.run(limit)
     finally:
+        run.progress.finish()
         await quorum.close()
         await producer.stop()
         await consumer.stop()
@@ -69,6 +74,8 @@ async def redrive(
         return 1 if failed else 0
     verb = "would be re-injected" if dry_run else "re-injected"
     print(f"{len(run.redriven)} dead-lettered record(s) {verb}")
+    if run.skipped:
+        print(f"{len(run.skipped)} skipped: no dedup-id/dedup-source headers naming a raw topic")
     if run.stopped:
         print(f"{len(run.stopped)} partition(s) stopped, uncommitted, at a record not redriven")
     return 1 if failed else 0
@@ -93,11 +100,13 @@ class _Redrive:
         self.redriven: list[_Outcome] = []
         self.stopped: list[_Outcome] = []
         self.skipped: list[_Outcome] = []
+        self.progress = Progress("redrive")
 
     async def run(self, limit: int | None) -> None:
         topic = self.settings.kafka.dead_letter_topic
         active = [TopicPartition(topic, p) for p in await partitions_of(self.consumer, topic)]
         self.consumer.assign(active)
+        self.progress.total = await self._waiting(active, limit)
         while active and (limit is None or len(self.redriven) < limit):
             batch = await self.consumer.getmany(*active, timeout_ms=1000, max_records=100)
             if not batch:
@@ -164,12 +173,25 @@ class _Redrive:
         self._report(self.redriven, outcome, "would redrive" if self.dry_run else "redriven")
         return True
 
+    async def _waiting(self, tps: list[TopicPartition], limit: int | None) -> int | None:
+        """Dead letters past the group's commits (the progress total); None if unknown."""
+        try:
+            ends = await self.consumer.end_offsets(tps)
+            starts = await self.consumer.beginning_offsets(tps)
+            committed = [await self.consumer.committed(tp) for tp in tps]
+        except KafkaError:
+            return None
+        left: int = sum(max(0, int(ends[tp]) - int(c if c is not None else starts[tp]))
+                        for tp, c in zip(tps, committed, strict=True))  # fmt: skip
+        return left if limit is None else min(left, limit)
+
     async def _commit(self, tp: TopicPartition, rec: Record) -> None:
         if not self.dry_run:
             await self.consumer.commit({tp: rec.offset + 1})
 
     def _report(self, into: list[_Outcome], outcome: _Outcome, verb: str) -> None:
         into.append(outcome)
+        self.progress.advance()
         if self.text:
             counts = (f"deleted {outcome.deleted}, not held {outcome.not_held}, "
                       f"no answer {outcome.no_answer}")  # fmt: skip

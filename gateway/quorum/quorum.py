@@ -40,7 +40,7 @@ from gateway.quorum.transport import ClusterTransport, Planned, Transport, chunk
 from gateway.quorum.windows import Windows
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE, Reply
-from gateway.waits import wait_or_stop
+from gateway.waits import FallingReport, wait_or_stop
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -137,12 +137,18 @@ class Quorum:
         """Per member, whether the vote may count its answers (trusted, not paused)."""
         return [inst.counted for inst in self.instances]
 
-    async def wait_for_majority(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
+    async def wait_for_majority(
+        self, stop: asyncio.Event, retry_s: float = 1.0, report_max_s: float = 60.0
+    ) -> None:
         """Return once a majority answers; read every epoch; name every member that
         does not answer.
 
-        Raises `CredentialsRefused` when any member refuses the URL's credentials.
+        Tries every `retry_s` (a member that comes back is used at once), but says
+        so in one WARNING line at a falling rate (`FallingReport`: at once, then
+        after 2, 4, 8 ... seconds, at most every `report_max_s`). Raises
+        `CredentialsRefused` when any member refuses the URL's credentials.
         """
+        report = FallingReport(retry_s, report_max_s)
         while not stop.is_set():
             await self.refresh_epochs(patient=True)
             # After the round, `failure` is set exactly on the members that did not answer.
@@ -162,10 +168,13 @@ class Quorum:
                     logger.warning("serving with Redis members unreachable: %s",
                                    ", ".join(down), extra=names)  # fmt: skip
                 return
-            logger.error(
-                "waiting for a Redis majority (%d of %d); unreachable: %s",
-                self.majority, self.size, ", ".join(down), extra=names,
-            )  # fmt: skip
+            if report.due():
+                logger.warning(
+                    "cannot reach a Redis majority (%d of %d needed, %d answer); unreachable: "
+                    "%s; not ready, retrying every %gs (next report in %gs)",
+                    self.majority, self.size, self.size - len(failed), ", ".join(down),
+                    retry_s, report.every, extra=names,
+                )  # fmt: skip
             await wait_or_stop(stop, retry_s)
 
     async def watch(self, stop: asyncio.Event) -> None:

@@ -21,16 +21,17 @@ class Windows:
     async def coalesce_update(
         self, digests: Sequence[bytes], stamps: Sequence[int], versions: Sequence[str],
         mode: str, window_ms: int, max_window_ms: int, on: Sequence[bool] | None = None,
-    ) -> list[list[tuple[int, bool]] | None]:  # fmt: skip
-        """Per member, per update: (its window's start, whether it opened the window);
-        None where the member gave no answer (or had another epoch), or is not `on`."""
+    ) -> list[list[tuple[int, bool, int]] | None]:  # fmt: skip
+        """Per member, per update: (its window's start, whether it opened the window, the
+        window's newest timestamp before it, 0 if none); None where the member gave no
+        answer (or had another epoch), or is not `on`."""
         if not digests:
             return [[] for _ in self.q.instances]
         if not self.q.epochs.read:
             await self.q.refresh_epochs()
         width = len(digests[0])
 
-        async def one(inst: MemberLink, asked: bool) -> list[tuple[int, bool]] | None:
+        async def one(inst: MemberLink, asked: bool) -> list[tuple[int, bool, int]] | None:
             if inst.epoch is None or inst.paused or not asked:
                 return None
             head = [inst.epoch.id, mode, window_ms, max_window_ms, width]
@@ -39,11 +40,11 @@ class Windows:
                 lambda items: [*head, b"".join(digests[k] for k in items),
                                "".join(f"{stamps[k]}," for k in items),
                                "".join(f"{versions[k]}," for k in items)],
-                width=2,
+                width=3,
             )  # fmt: skip
             if flat is None:
                 return None
-            return [(int(pair[0]), int(pair[1]) == 1) for pair in flat]
+            return [(int(start), int(opened) == 1, int(prev)) for start, opened, prev in flat]
 
         asked = on if on is not None else [True] * self.q.size
         out = list(

@@ -4,7 +4,9 @@ Strategies (`[dedup] id`):
 - `header:NAME`: the value of header NAME (default `header:message-id`);
 - `key`: the record key;
 - `json:a.b.c`: the field at that dotted path of a JSON object value
-  (strings are used as they are; numbers and booleans by their JSON text);
+  (strings are used as they are; numbers and booleans by their JSON text),
+  plain or in Confluent's wire format (magic byte 0, 4-byte schema id, JSON:
+  what Schema Registry's JSON Schema serializer writes; the schema is not read);
 - `hash`: BLAKE2b-128 of the value bytes (identical payloads are duplicates).
 A record whose id cannot be extracted raises `BadRecord` with the reason; the
 pipeline sends it to the quarantine topic. Whatever the bytes (hostile JSON
@@ -97,8 +99,9 @@ def _json_path(path: list[str]) -> IdExtractor:
     def extract(record: RawRecord) -> bytes:
         if record.value is None:
             raise BadRecord("not_json", "record has no value")
+        value = unframed(record.value)
         try:
-            node: Any = json.loads(record.value)
+            node: Any = json.loads(value)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             # RecursionError: nesting deeper than the interpreter's stack (hostile input).
             raise BadRecord(
@@ -118,6 +121,20 @@ def _json_path(path: list[str]) -> IdExtractor:
         return json.dumps(node).encode()
 
     return extract
+
+
+# Confluent's wire format (Schema Registry serializers, JSON Schema included): a zero
+# magic byte, a 4-byte big-endian schema id, then the payload. No JSON text starts
+# with a zero byte, so a framed value is told from a plain one by its first byte.
+CONFLUENT_MAGIC = 0
+CONFLUENT_HEADER_BYTES = 5
+
+
+def unframed(value: bytes) -> bytes:
+    """The JSON payload of a Confluent-framed value; any other value as it is."""
+    if len(value) >= CONFLUENT_HEADER_BYTES and value[0] == CONFLUENT_MAGIC:
+        return value[CONFLUENT_HEADER_BYTES:]
+    return value
 
 
 def _content_hash(record: RawRecord) -> bytes:

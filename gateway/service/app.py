@@ -31,6 +31,7 @@ from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
 from gateway.raw.source import RawSource
 from gateway.service.health import HealthServer
+from gateway.startup_wait import wait_for_broker
 from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Gateway:
             stack.push_async_callback(self.health.stop)
             stack.push_async_callback(self.quorum.close)
             await self.quorum.wait_for_majority(stop)
-            if stop.is_set():
+            if not await wait_for_broker(kafka, stop):
                 return
             producer = build_producer(kafka)
             await producer.start()

@@ -1,12 +1,13 @@
 """The scheduled-delivery benchmark's own correctness, not its speed: a small run
 routes every record to a tier before the shared due time, releases each id once
-after it, and reports rates for all five runs."""
+after it, reports rates for all five runs, and windows emitted per window closed
+without grace and with the default."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.delay import measure
+from bench.delay import CLOSE_GRACES, measure
 from devtools.localstack import LocalStack
 
 
@@ -25,3 +26,8 @@ async def test_a_small_delay_run_releases_every_id_once_and_reports_every_rate(
         "gateway-3 / forwarder", "delay-intake / forwarder", "delay-release / forwarder",
         "coalesce-intake / forwarder",
     }  # fmt: skip
+    assert [close.grace_s * 1000 for close in rates.closes] == list(CLOSE_GRACES)
+    for close in rates.closes:
+        # every window that took an update emitted at least once, each record decided
+        assert 0 < close.windows <= close.emitted <= close.updates
+        assert close.emitted_per_window >= 1

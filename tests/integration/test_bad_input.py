@@ -85,7 +85,7 @@ async def test_gateway_waits_for_a_redis_majority_and_names_unreachable_instance
         server.stop()
     settings = make_settings(broker, topics, redis_urls(servers))
     async with running(settings) as gateway:
-        await eventually(lambda: "waiting for a Redis majority" in caplog.text)
+        await eventually(lambda: "cannot reach a Redis majority" in caplog.text)
         assert gateway.source is None  # not consuming without a majority
         assert not gateway.readiness()[0]
         for server in servers[1:]:

@@ -330,7 +330,7 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         assert await quorum.claim(fresh, ["6"] * 100) == [["5"] * 100]
         windows = await quorum.coalesce_update(digests[:4], [1000] * 4, ["1", "2", "3", "4"],
                                                "fixed", 1000, 5000)  # fmt: skip
-        assert windows == [[(1000, True)] * 4]
+        assert windows == [[(1000, True, 0)] * 4]  # (start, opened, newest before)
         assert await quorum.coalesce_close(digests[:4], [1000] * 4) == [
             [(v, 1, 1000) for v in ("1", "2", "3", "4")]
         ]

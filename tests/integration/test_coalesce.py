@@ -1,7 +1,11 @@
 """Coalescing windows against the real broker and redis-server: of 10 updates per key
 spread over two partitions (and exact copies), each key's window emits its last
-value once, after the window closes; with two gateways, with a Redis member down,
-and across a SIGKILL of the gateway process."""
+value once, after the window closes (its end + grace); with two gateways, with a
+Redis member down, and across a SIGKILL of the gateway process. Updates stamped in
+a window's last milliseconds that arrive within grace are merged (with and without a
+SIGKILL); later ones are counted late; a record stamped hours ahead is windowed by
+the gateway's clock; a close whose window state is gone, or one bad record among
+co-due ones, goes to quarantine alone."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ import json
 import random
 import signal
 from collections import defaultdict
+from datetime import timedelta
 
+import redis.asyncio
 from aiokafka import AIOKafkaProducer
 
 from devtools.harness import (
@@ -22,27 +28,31 @@ from devtools.harness import (
     start_process,
     write_toml,
 )
-from devtools.topics import wait_committed
+from devtools.topics import read_topic, wait_committed
 from gateway.config import Settings
 from gateway.contract.tokens import mark_digest
 from gateway.delay.coalescer import now_ms, version
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
+from gateway.rules.tiers import tier_topics
 from tests.conftest import redis_urls
 from tests.integration.test_delay import TIERS, create_all, poll, reading
 
 KEYS, UPDATES, WINDOW_MS = 300, 10, 3000
 COPIES = 0.2  # exact copies (same message id), dropped by dedup before coalescing
+GRACE_MS = Settings().coalesce.grace // timedelta(milliseconds=1)  # the default
 
 
 def coalesce_settings(
-    broker: str, topics: Topics, nodes: list[str], window_ms: int = WINDOW_MS, **kafka
-) -> Settings:
+    broker: str, topics: Topics, nodes: list[str], window_ms: int = WINDOW_MS,
+    grace_ms: int = GRACE_MS, delay: dict | None = None, **kafka,
+) -> Settings:  # fmt: skip
     return make_settings(
         broker, topics, nodes,
         kafka={"max_batch_records": 200, **kafka},
-        delay={"enabled": True, "tiers": TIERS},
-        coalesce={"enabled": True, "key": "header:entity-id", "window": f"{window_ms}ms"},
+        delay={"enabled": True, "tiers": TIERS, **(delay or {})},
+        coalesce={"enabled": True, "key": "header:entity-id", "window": f"{window_ms}ms",
+                  "grace": f"{grace_ms}ms"},
     )  # fmt: skip
 
 
@@ -59,12 +69,14 @@ async def test_window_state_keeps_the_newest_version_and_counts_updates(redis_se
         stamps = [3100, 5900, 4000, 5900]
         versions = [version(t, "raw", 0, n) for n, t in enumerate(stamps)]
         (fixed,) = await quorum.coalesce_update([kd] * 4, stamps, versions, "fixed", 3000, 9000)
-        assert fixed == [(3000, True), (3000, False), (3000, False), (3000, False)]
+        # (start, opened, the window's newest timestamp before the update)
+        assert fixed == [(3000, True, 0), (3000, False, 3100), (3000, False, 5900),
+                         (3000, False, 5900)]  # fmt: skip
         # Replaying the newest changes nothing; an update stamped in the next window opens it.
         await quorum.coalesce_update([kd], [5900], [versions[3]], "fixed", 3000, 9000)
         (nxt,) = await quorum.coalesce_update([kd], [6000], [version(6000, "raw", 1, 0)],
                                               "fixed", 3000, 9000)  # fmt: skip
-        assert nxt == [(6000, True)]
+        assert nxt == [(6000, True, 0)]
         (held,) = await quorum.coalesce_close([kd, kd, mark_digest(b"none")], [3000, 6000, 0])
         assert held == [(versions[3], 4, 5900), (version(6000, "raw", 1, 0), 1, 6000), ("", 0, 0)]
 
@@ -123,9 +135,9 @@ async def produce_updates(
     return last, start + window_ms
 
 
-def check_emitted(seen, last: dict[str, bytes], close_ms: int) -> None:
+def check_emitted(seen, last: dict[str, bytes], close_ms: int, grace_ms: int = GRACE_MS) -> None:
     """Each key once (one token: a replayed move is the same record), its last value,
-    not before its window closed and within 2 s of it."""
+    not before its window closed (end + grace) and within 2 s of that."""
     by_key: dict[str, list] = defaultdict(list)
     for rec, read_ms in seen.records:
         headers = dict(rec.headers)
@@ -137,7 +149,8 @@ def check_emitted(seen, last: dict[str, bytes], close_ms: int) -> None:
         assert rec.value == last[f"e{key}"], f"e{key}: not its last value"
         assert headers["dedup-window"] == f"{close_ms - WINDOW_MS}/{close_ms}".encode()
         assert int(headers["dedup-coalesced"]) >= UPDATES  # replays may count twice
-        assert close_ms <= read_ms <= close_ms + 2000, f"e{key} read {read_ms - close_ms} ms"
+        closed = close_ms + grace_ms
+        assert closed <= read_ms <= closed + 2000, f"e{key} read {read_ms - closed} ms"
 
 
 async def test_two_gateways_emit_each_keys_last_value_once_after_its_window(
@@ -245,4 +258,276 @@ async def test_trailing_windows_close_a_window_after_each_keys_newest_update(
         start, end = map(int, dict(rec.headers)["dedup-window"].split(b"/"))
         close = max(stamps[key]) + WINDOW_MS  # a window after the newest update
         assert start in stamps[key] and end == close
-        assert close <= read_ms <= close + 2000, f"{key} read {read_ms - close} ms after"
+        closed = close + GRACE_MS
+        assert closed <= read_ms <= closed + 2000, f"{key} read {read_ms - closed} ms after"
+
+
+# -- Grace: updates in flight at a window's end -----------------------------------
+
+ENTITIES = 40
+EARLY = 4  # versions per entity stamped well inside the window, taken before its end
+# The stragglers' tests: room for a loaded machine to take them (the default grace is
+# what the benchmark's coalesce-close runs measure).
+STRAGGLER_GRACE_MS = 3000
+
+
+def window_ending_after(window_ms: int, lead_ms: int) -> tuple[int, int]:
+    """(start, end) of the first fixed window that starts at least `lead_ms` from now."""
+    start = -(-(now_ms() + lead_ms) // window_ms) * window_ms
+    return start, start + window_ms
+
+
+async def send(broker: str, topic: str, records: list[tuple[int, bytes, list, int]]) -> None:
+    """(timestamp ms, value, headers, partition) each, stamped with that timestamp."""
+    producer = AIOKafkaProducer(bootstrap_servers=broker)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, value, partition=p, timestamp_ms=ts, headers=h)
+                for ts, value, h, p in records]  # fmt: skip
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def update(entity: int, n: int, ts: int, tag: str = "") -> tuple[int, bytes, list, int]:
+    value = json.dumps({"key": entity, "update": n}).encode()
+    headers = [("message-id", f"{tag}e{entity}-u{n}".encode()),
+               ("entity-id", f"{tag}e{entity}".encode())]  # fmt: skip
+    return ts, value, headers, (entity + n) % 2
+
+
+def early_updates(start: int, window_ms: int) -> list[tuple[int, bytes, list, int]]:
+    return [update(e, n, start + n * window_ms // (EARLY + 1) + e % 7)
+            for e in range(ENTITIES) for n in range(EARLY)]  # fmt: skip
+
+
+def stragglers(end: int) -> list[tuple[int, bytes, list, int]]:
+    """Per entity: one version in the window's last 3 ms, one in the next window's first."""
+    return [
+        r
+        for e in range(ENTITIES)
+        for r in (update(e, EARLY, end - 1 - e % 3), update(e, EARLY + 1, end + e % 3))
+    ]
+
+
+def by_window(seen) -> dict[tuple[int, int], list]:
+    """(entity, window start) -> its clean records, in the order read."""
+    out: dict[tuple[int, int], list] = defaultdict(list)
+    for rec, _ in seen.records:
+        start = int(dict(rec.headers)["dedup-window"].split(b"/")[0])
+        out[(json.loads(rec.value)["key"], start)].append(rec)
+    return out
+
+
+def per_partition(records: list[tuple[int, bytes, list, int]]) -> dict[int, int]:
+    """How many of `records` go to each raw partition (the offsets to wait for)."""
+    return {p: sum(r[3] == p for r in records) for p in (0, 1)}
+
+
+def check_one_per_window(seen, start: int, end: int, replays: bool = False) -> None:
+    """Each entity's window once, under one token, with its newest version: the last
+    straggler for the window that ended at `end`, the first of the next for the next.
+    With `replays`, a repeat of the same record (same token) after a kill is allowed."""
+    windows = by_window(seen)
+    assert sorted(windows) == sorted((e, s) for e in range(ENTITIES) for s in (start, end)), (
+        "every entity's two windows emitted"
+    )
+    for (entity, s), emitted in windows.items():
+        tokens = {dict(r.headers)["dedup-token"] for r in emitted}
+        assert len(tokens) == 1, f"e{entity} window {s} emitted under {len(tokens)} tokens"
+        assert replays or len(emitted) == 1, f"e{entity} window {s} emitted {len(emitted)} times"
+        newest = EARLY if s == start else EARLY + 1
+        assert {json.loads(r.value)["update"] for r in emitted} == {newest}, f"e{entity} {s}"
+
+
+async def test_updates_stamped_in_a_windows_last_milliseconds_arriving_within_grace_are_merged(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    settings = coalesce_settings(
+        broker, topics, redis_urls(redis_servers(3)), window_ms=2000, grace_ms=STRAGGLER_GRACE_MS
+    )
+    await create_all(broker, topics, settings, raw_partitions=2)
+    async with reading(broker, topics.clean) as seen, running(settings) as gateway:
+        await poll(lambda: bool(gateway.partitions()), 30, "assigned")
+        start, end = window_ending_after(2000, 500)
+        await send(broker, topics.raw, early_updates(start, 2000))
+        m = gateway.metrics
+        await poll(lambda: counter_value(m.coalesce_updates) >= ENTITIES * EARLY, 30, "taken")
+        assert now_ms() < end, "the early versions were taken after the window's end"
+        # In flight at the end: stamped in its last milliseconds (and the next window's
+        # first), taken after the end but within grace.
+        await poll(lambda: now_ms() >= end + 100, 30, "the window's end")
+        await send(broker, topics.raw, stragglers(end))
+        taken = ENTITIES * (EARLY + 2)
+        await poll(lambda: counter_value(m.coalesce_updates) >= taken, 30, "stragglers taken")
+        assert now_ms() < end + STRAGGLER_GRACE_MS, "the stragglers were taken after grace"
+        decided = lambda: counter_value(m.coalesce_merged) + counter_value(m.coalesce_emitted)  # noqa: E731
+        await poll(lambda: decided() >= taken, (end - now_ms()) / 1000 + 30, "every close")
+        await poll(lambda: len(seen.records) >= counter_value(m.coalesce_emitted), 10, "read")
+    check_one_per_window(seen, start, end)
+    assert counter_value(m.coalesce_late) == 0
+
+
+async def test_a_sigkill_while_windows_wait_still_merges_updates_arriving_within_grace(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    settings = coalesce_settings(
+        broker, topics, redis_urls(redis_servers(3)), window_ms=2000,
+        grace_ms=STRAGGLER_GRACE_MS, session_timeout="2s",
+    )  # fmt: skip
+    await create_all(broker, topics, settings, raw_partitions=2)
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    log = tmp_path / "gateway.log"
+    joined = "delay tier partitions assigned"
+    proc = start_process(config, log)
+    try:
+        async with reading(broker, topics.clean) as seen:
+            await poll(lambda: joined in log.read_text(), 60, "the gateway joined", proc)
+            # A window far enough ahead that the restarted gateway joins before it ends.
+            start, end = window_ending_after(2000, 20_000)
+            early, late = early_updates(start, 2000), stragglers(end)
+            await send(broker, topics.raw, early)
+            await wait_committed(broker, topics.group, topics.raw, per_partition(early))
+            proc.send_signal(signal.SIGKILL)  # the early versions wait in the tiers
+            proc.wait()
+            proc = start_process(config, log)
+            await poll(lambda: log.read_text().count(joined) >= 2, 60, "rejoined", proc)
+            assert now_ms() < end, "the restart took longer than the lead"
+            await poll(lambda: now_ms() >= end + 100, 30, "the window's end", proc)
+            await send(broker, topics.raw, late)
+            await wait_committed(broker, topics.group, topics.raw, per_partition(early + late))
+            assert now_ms() < end + STRAGGLER_GRACE_MS, "the stragglers were taken after grace"
+            # The first window closes before the next: once both are out, every record
+            # of the first was decided.
+            await poll(lambda: len(by_window(seen)) >= 2 * ENTITIES, 30, "both windows", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    # A tier move replayed after the kill repeats its record (same token): one emission.
+    check_one_per_window(seen, start, end, replays=True)
+
+
+async def test_an_update_taken_after_its_window_closed_is_counted_late_and_sent_after_it(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    settings = coalesce_settings(broker, topics, redis_urls(redis_servers(3)), window_ms=2000)
+    await create_all(broker, topics, settings, raw_partitions=2)
+    async with reading(broker, topics.clean) as seen, running(settings) as gateway:
+        await poll(lambda: bool(gateway.partitions()), 30, "assigned")
+        start, end = window_ending_after(2000, 500)
+        await send(broker, topics.raw, early_updates(start, 2000))
+        await poll(lambda: len(seen.records) >= ENTITIES, (end - now_ms()) / 1000 + 30, "closed")
+        # Newer than every version sent, stamped in the window, taken after its close.
+        await send(broker, topics.raw, [update(e, EARLY, end - 1) for e in range(ENTITIES)])
+        await poll(lambda: len(seen.records) >= 2 * ENTITIES, 30, "the late versions sent")
+        taken_after = now_ms()
+    m = gateway.metrics
+    assert counter_value(m.coalesce_late) == ENTITIES
+    (family,) = m.coalesce_update_lateness.collect()
+    got = {s.name.rsplit("_", 1)[1]: s.value for s in family.samples if "_bucket" not in s.name}
+    assert got["count"] == ENTITIES
+    assert 0 < got["sum"] <= ENTITIES * (taken_after - end - GRACE_MS) / 1000
+    for (entity, s), emitted in by_window(seen).items():
+        assert s == start
+        # the close's newest, then the late one on its own (the README's rule)
+        assert [json.loads(r.value)["update"] for r in emitted] == [EARLY - 1, EARLY], entity
+
+
+async def test_a_record_stamped_hours_ahead_is_windowed_by_the_gateways_clock_and_sent_once(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    settings = coalesce_settings(
+        broker, topics, redis_urls(redis_servers(3)), window_ms=2000, grace_ms=1000,
+        delay={"max_delay": "10s"},
+    )  # fmt: skip
+    # Marks and window state live no longer than the longest wait allowed (the tightest
+    # setting start-up accepts): a wait stretched by a producer's clock would outlive them.
+    settings.redis.ttl = timedelta(seconds=10)
+    await create_all(broker, topics, settings, raw_partitions=2)
+    ahead = now_ms() + 3 * 3_600_000
+    records = [update(e, n, ahead + n) for e in range(ENTITIES) for n in range(3)]
+    async with reading(broker, topics.clean) as seen, running(settings) as gateway:
+        await poll(lambda: bool(gateway.partitions()), 30, "assigned")
+        sent_ms = now_ms()
+        await send(broker, topics.raw, records)
+        await poll(lambda: len(seen.records) >= ENTITIES, 10, "windowed by the gateway's clock")
+        # A resend of every record while its mark lives: a duplicate, never sent again.
+        await send(broker, topics.raw, records)
+        m = gateway.metrics
+        await poll(lambda: m.duplicates_total() >= len(records), 10, "the resends judged")
+        decided = lambda: counter_value(m.coalesce_merged) + counter_value(m.coalesce_emitted)  # noqa: E731
+        await poll(lambda: decided() >= len(records), 10, "every close")
+        await poll(lambda: len(seen.records) >= counter_value(m.coalesce_emitted), 10, "read")
+        done_ms = now_ms()
+    windows = by_window(seen)
+    assert sorted(e for e, _ in windows) == list(range(ENTITIES))
+    for (entity, s), emitted in windows.items():
+        assert len(emitted) == 1, f"e{entity} sent {len(emitted)} times"
+        assert json.loads(emitted[0].value)["update"] == 2  # the newest by its own timestamp
+        assert sent_ms - 2000 <= s <= done_ms, "not the window of the gateway's clock"
+    assert counter_value(m.coalesce_emitted) == ENTITIES
+
+
+async def test_a_close_that_finds_its_window_state_gone_is_quarantined_not_sent(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    servers = redis_servers(3)
+    settings = coalesce_settings(broker, topics, redis_urls(servers), window_ms=2000)
+    await create_all(broker, topics, settings, raw_partitions=2)
+    async with reading(broker, topics.clean) as seen, running(settings) as gateway:
+        await poll(lambda: bool(gateway.partitions()), 30, "assigned")
+        start, end = window_ending_after(2000, 1000)
+        early = early_updates(start, 2000)
+        await send(broker, topics.raw, early)
+        m = gateway.metrics
+        await poll(lambda: counter_value(m.coalesce_updates) >= len(early), 30, "taken")
+        assert now_ms() < end + GRACE_MS, "taken after the close"
+        # The window state expires before the close (as after an outage longer than ttl).
+        gone = 0
+        for server in servers:
+            client = redis.asyncio.Redis(port=server.port)
+            keys = [k async for k in client.scan_iter(match=b"dd:cs:*")]
+            gone += await client.delete(*keys)
+            await client.aclose()
+        assert gone == 3 * ENTITIES
+        lost = lambda: counter_value(m.quarantined, "window_expired")  # noqa: E731
+        await poll(lambda: lost() >= len(early), (end - now_ms()) / 1000 + 30, "quarantined")
+        quarantined = await read_topic(broker, topics.quarantine, min_records=len(early))
+    assert seen.records == [], "a version sent without knowing whether it is the newest"
+    assert counter_value(m.coalesce_emitted) == 0
+    reasons = {dict(r.headers)["dedup-error"].split(b":")[0] for r in quarantined}
+    assert reasons == {b"window_expired"}
+    assert sorted(r.value for r in quarantined) == sorted(v for _, v, _, _ in early)
+
+
+async def test_one_bad_record_among_co_due_closes_goes_to_quarantine_alone(
+    broker, redis_servers, names
+):
+    topics = Topics(names)
+    settings = coalesce_settings(broker, topics, redis_urls(redis_servers(3)), window_ms=2000)
+    await create_all(broker, topics, settings, raw_partitions=2)
+    async with reading(broker, topics.clean) as seen, running(settings) as gateway:
+        await poll(lambda: bool(gateway.partitions()), 30, "assigned")
+        start, end = window_ending_after(2000, 500)
+        early = early_updates(start, 2000)
+        await send(broker, topics.raw, early)
+        # A tier record due with the window's records, whose window header no gateway wrote.
+        due = str(end + GRACE_MS).encode()
+        forged = [(now_ms(), b"forged", [("dedup-deliver-at", due),
+                   ("dedup-tier-at", str(now_ms()).encode()), ("dedup-window", b"soon"),
+                   ("dedup-source", b"raw/0/0"), ("entity-id", b"e0")], 0)]  # fmt: skip
+        await send(broker, tier_topics(settings)[0], forged)
+        m = gateway.metrics
+        bad = lambda: counter_value(m.quarantined, "bad_tier_record")  # noqa: E731
+        await poll(lambda: bad() >= 1, (end - now_ms()) / 1000 + 30, "the forged one quarantined")
+        await poll(lambda: len(seen.records) >= ENTITIES, 30, "every window emitted")
+        (quarantined,) = await read_topic(broker, topics.quarantine, min_records=1)
+    assert quarantined.value == b"forged"
+    assert dict(quarantined.headers)["dedup-error"].startswith(b"bad_tier_record")
+    assert {json.loads(r.value)["update"] for r, _ in seen.records} == {EARLY - 1}
+    assert sorted(json.loads(r.value)["key"] for r, _ in seen.records) == list(range(ENTITIES))

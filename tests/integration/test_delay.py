@@ -210,6 +210,10 @@ async def test_inspect_shows_the_due_time_and_tier_of_a_waiting_id(
     assert "16s" in row and f"{topics.clean}.delay.16s" in row
     assert f"{topics.raw}/0/0" in row  # the raw record it came from
     assert "not waiting in any delay tier" in other.stdout
+    # The tier scan's progress on stderr (no terminal: JSON), the service's INFO lines not.
+    scanned = json.loads(shown.stderr.splitlines()[-1])
+    assert scanned["progress"] == "inspect: delay tier records read" and scanned["done"] >= 1
+    assert " INFO " not in shown.stderr
 
 
 WAVE = 150

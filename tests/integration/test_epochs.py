@@ -19,9 +19,8 @@ from gateway.config import Settings, load_settings
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.ops.rebuild import rebuild
-from gateway.quorum import scripts
 from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED
-from gateway.quorum.quorum import Quorum
+from gateway.quorum.quorum import Quorum, scripts
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE, Outcome
@@ -85,8 +84,14 @@ async def test_a_copy_split_x_y_x_rebuilt_after_the_third_restarted_empty_is_a_d
 
     member = servers[2].name_label
     code = await rebuild(settings, member, source=None, dry_run=False, output="json")
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
     assert code == 0, report
+    # Progress on stderr (no terminal: JSON lines), the last when it ended: every
+    # source read whole (marks counted per source, so at least those copied).
+    last = json.loads(captured.err.splitlines()[-1])
+    assert (last["progress"], last["eta_s"]) == ("rebuild", 0.0)
+    assert last["done"] >= report["marks_read"] > 0
     assert report["ties"] == 1 and report["epoch_after"].endswith(":trusted")
     await quorum.check()
     assert quorum.counted() == [True, True, True]

@@ -96,10 +96,27 @@ async def test_redrive_reinjects_a_dead_letter_which_is_then_forwarded_again(
         assert [r["dead_letter"] for r in report["skipped"]] == [f"{topics.dead}/0/1"]
         assert len(await read_topic(broker, topics.raw)) == 1  # a dry run changes nothing
 
+        verbose = await cli(config, "redrive", "--dry-run", "-v")  # a line per record
+        assert f"SKIPPED (no id) ({topics.dead}/0/1 from ?)" in verbose.stdout
+        assert "would redrive m-1" in verbose.stdout
+        assert " INFO " in verbose.stderr
+
         result = await cli(config, "redrive")
         assert result.returncode == 1, result.stderr  # 1: something was skipped
-        assert "1 dead-lettered record(s) re-injected" in result.stdout
-        assert f"SKIPPED (no id) ({topics.dead}/0/1 from ?)" in result.stdout
+        assert result.stdout.splitlines() == [
+            "1 dead-lettered record(s) re-injected",
+            "1 skipped: no dedup-id/dedup-source headers naming a raw topic",
+        ]
+        # Quiet: no service log lines; progress on stderr as JSON lines (no terminal).
+        assert " INFO " not in result.stderr
+        (last,) = [json.loads(line) for line in result.stderr.splitlines()]
+        assert (last["progress"], last["done"], last["total"], last["eta_s"]) == (
+            "redrive",
+            2,
+            2,
+            0.0,
+        )
+        assert last["rate_per_s"] > 0
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
         assert counter_value(m.forwarded) == 2  # the re-injected copy is new again
         again = await cli(config, "redrive")  # progress was committed: nothing twice

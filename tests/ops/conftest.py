@@ -22,6 +22,8 @@ import yaml
 from prometheus_client.metrics_core import Metric
 
 from gateway.metrics import Metrics
+from spark_sink.metrics import JobMetrics, SinkCountsCollector
+from spark_sink.sink import SinkCounts
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -31,6 +33,9 @@ PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 PROMETHEUS_RULE = DEPLOY / "k8s" / "components" / "prometheus-operator" / "prometheusrule.yaml"
 
 METRIC_NAME = re.compile(r"\bdedup_gateway_\w+")
+# The Spark job's metrics (spark_sink/metrics.py), checked apart: the live test
+# scrapes a gateway only.
+SPARK_METRIC_NAME = re.compile(r"\bdedup_spark_\w+")
 
 
 def tool(name: str) -> str:
@@ -59,9 +64,9 @@ def compose() -> dict[str, Any]:
     return doc
 
 
-def exposed_series_names() -> set[str]:
-    """Every series name the gateway's registry can expose, by metric type
-    (prometheus_client adds `_total` to counters; histograms expose
+def exposed_series_names(families: Iterator[Metric] | None = None) -> set[str]:
+    """Every series name the gateway's registry (or `families`) can expose, by metric
+    type (prometheus_client adds `_total` to counters; histograms expose
     `_bucket`/`_sum`/`_count`; both also `_created`)."""
     suffixes = {
         "counter": ("_total", "_created"),
@@ -69,14 +74,24 @@ def exposed_series_names() -> set[str]:
         "gauge": ("",),
     }
     names: set[str] = set()
-    for family in _families():
+    for family in _families() if families is None else families:
         names.update(family.name + suffix for suffix in suffixes[family.type])
     return names
 
 
-def metric_families() -> dict[str, str]:
-    """Family name -> type, as declared in gateway.metrics."""
-    return {family.name: family.type for family in _families()}
+def metric_families(families: Iterator[Metric] | None = None) -> dict[str, str]:
+    """Family name -> type, as declared in gateway.metrics (or `families`)."""
+    return {f.name: f.type for f in (_families() if families is None else families)}
+
+
+def spark_families() -> Iterator[Metric]:
+    """The Spark job's metric families (spark_sink.metrics), from a fresh registry."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    JobMetrics(registry)
+    registry.register(SinkCountsCollector(lambda: [SinkCounts()]))
+    yield from registry.collect()
 
 
 def _families() -> Iterator[Metric]:

@@ -1,4 +1,6 @@
-"""JSON schemas for the two Prometheus Operator objects deploy/k8s renders.
+"""JSON schemas for the CRD objects deploy/k8s renders: the Prometheus Operator's
+ServiceMonitor, PodMonitor and PrometheusRule, KEDA's ScaledObject (keda.sh/v1alpha1,
+its Kafka trigger) and the Spark operator's SparkApplication.
 
 kubernetes-validate knows only the core API, and the operator's CRDs (their
 openAPIV3Schema) are not available offline here. These schemas are the part
@@ -26,13 +28,15 @@ NAME = {
 }
 
 
-def _object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+def _object(
+    kind: str, spec: dict[str, Any], api_version: str = "monitoring.coreos.com/v1"
+) -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["apiVersion", "kind", "metadata", "spec"],
         "additionalProperties": False,
         "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "apiVersion": {"const": api_version},
             "kind": {"const": kind},
             "metadata": {
                 "type": "object",
@@ -135,4 +139,204 @@ SERVICE_MONITOR = _object(
     },
 )
 
-SCHEMAS = {"PrometheusRule": PROMETHEUS_RULE, "ServiceMonitor": SERVICE_MONITOR}
+# keda.sh/v1alpha1 ScaledObject, the fields of KEDA's CRD our example uses; the Kafka
+# scaler's metadata are strings (KEDA parses them), with the ones it requires.
+KAFKA_TRIGGER_METADATA = {
+    "type": "object",
+    "required": ["bootstrapServers", "consumerGroup", "lagThreshold"],
+    "additionalProperties": False,
+    "properties": {
+        name: {"type": "string", "minLength": 1}
+        for name in ("bootstrapServers", "consumerGroup", "topic", "lagThreshold",
+                     "activationLagThreshold", "offsetResetPolicy", "allowIdleConsumers",
+                     "scaleToZeroOnInvalidOffset", "excludePersistentLag",
+                     "limitToPartitionsWithLag", "partitionLimitation", "sasl", "tls")
+    },
+}  # fmt: skip
+COUNT = {"type": "integer", "minimum": 0}
+SCALED_OBJECT = _object(
+    "ScaledObject",
+    {
+        "type": "object",
+        "required": ["scaleTargetRef", "triggers"],
+        "additionalProperties": False,
+        "properties": {
+            "scaleTargetRef": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": NAME,
+                    "kind": {"type": "string"},
+                    "apiVersion": {"type": "string"},
+                    "envSourceContainerName": {"type": "string"},
+                },
+            },
+            "minReplicaCount": COUNT,
+            "maxReplicaCount": COUNT,
+            "idleReplicaCount": COUNT,
+            "pollingInterval": COUNT,
+            "cooldownPeriod": COUNT,
+            "advanced": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "restoreToOriginalReplicaCount": {"type": "boolean"},
+                    "horizontalPodAutoscalerConfig": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"name": NAME, "behavior": {"type": "object"}},
+                    },
+                },
+            },
+            "triggers": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["type", "metadata"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "type": {"const": "kafka"},
+                        "name": {"type": "string"},
+                        "metadata": KAFKA_TRIGGER_METADATA,
+                        "authenticationRef": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": NAME, "kind": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+        },
+    },
+    api_version="keda.sh/v1alpha1",
+)
+
+POD_MONITOR = _object(
+    "PodMonitor",
+    {
+        "type": "object",
+        "required": ["selector", "podMetricsEndpoints"],
+        "additionalProperties": False,
+        "properties": {
+            "selector": LABEL_SELECTOR,
+            "namespaceSelector": {"type": "object"},
+            "jobLabel": {"type": "string"},
+            "podMetricsEndpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["port"],
+                    "properties": {
+                        "port": {"type": "string"},
+                        "path": {"type": "string", "pattern": "^/"},
+                        "scheme": {"enum": ["http", "https"]},
+                        "interval": DURATION,
+                        "scrapeTimeout": DURATION,
+                        "honorLabels": {"type": "boolean"},
+                    },
+                },
+            },
+        },
+    },
+)
+
+# sparkoperator.k8s.io/v1beta2 (kubeflow/spark-operator's SparkApplication CRD):
+# the fields our object uses, with the CRD's types and enums.
+QUANTITY = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?[kmgtKMGT]?i?$"}
+ENV_VAR = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string"},
+        "value": {"type": "string"},
+        "valueFrom": {"type": "object"},
+    },
+}
+VOLUME_MOUNT = {
+    "type": "object",
+    "required": ["name", "mountPath"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string"},
+        "mountPath": {"type": "string", "pattern": "^/"},
+        "subPath": {"type": "string"},
+        "readOnly": {"type": "boolean"},
+    },
+}
+POD_SPEC = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "cores": {"type": "integer", "minimum": 1},
+        "coreLimit": {"type": "string"},
+        "memory": QUANTITY,
+        "instances": {"type": "integer", "minimum": 1},
+        "serviceAccount": {"type": "string"},
+        "labels": STRING_MAP,
+        "annotations": STRING_MAP,
+        "env": {"type": "array", "items": ENV_VAR},
+        "volumeMounts": {"type": "array", "items": VOLUME_MOUNT},
+        "ports": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "containerPort"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "containerPort": {"type": "integer"},
+                    "protocol": {"enum": ["TCP", "UDP", "SCTP"]},
+                },
+            },
+        },
+    },
+}
+SPARK_APPLICATION = _object(
+    "SparkApplication",
+    {
+        "type": "object",
+        "required": ["type", "mode", "mainApplicationFile", "sparkVersion", "driver", "executor"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"enum": ["Java", "Python", "Scala", "R"]},
+            "pythonVersion": {"enum": ["2", "3"]},
+            "mode": {"enum": ["cluster", "client"]},
+            "image": {"type": "string"},
+            "imagePullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+            "mainApplicationFile": {"type": "string"},
+            "arguments": {"type": "array", "items": {"type": "string"}},
+            "sparkVersion": {"type": "string"},
+            "sparkConf": STRING_MAP,
+            "deps": {"type": "object"},
+            "restartPolicy": {
+                "type": "object",
+                "required": ["type"],
+                "additionalProperties": False,
+                "properties": {
+                    "type": {"enum": ["Never", "Always", "OnFailure"]},
+                    "onFailureRetries": {"type": "integer"},
+                    "onFailureRetryInterval": {"type": "integer"},
+                    "onSubmissionFailureRetries": {"type": "integer"},
+                    "onSubmissionFailureRetryInterval": {"type": "integer"},
+                },
+            },
+            "volumes": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+            "driver": POD_SPEC,
+            "executor": POD_SPEC,
+        },
+    },
+    api_version="sparkoperator.k8s.io/v1beta2",
+)
+
+SCHEMAS = {
+    "PrometheusRule": PROMETHEUS_RULE,
+    "ServiceMonitor": SERVICE_MONITOR,
+    "ScaledObject": SCALED_OBJECT,
+    "PodMonitor": POD_MONITOR,
+    "SparkApplication": SPARK_APPLICATION,
+}

@@ -48,7 +48,7 @@ def test_gateway_image_runs_as_non_root_with_a_healthz_check_and_no_build_stage_
 def test_spark_image_is_the_official_spark_image_with_the_kafka_connector() -> None:
     text = (DEPLOY / "spark.Dockerfile").read_text()
     assert "ARG SPARK_IMAGE=apache/spark:4." in text and "python3" in text
-    assert "spark-sql-kafka-0-10_2.13:4.0.1" in text
+    assert "ARG KAFKA_CONNECTOR=org.apache.spark:spark-sql-kafka-0-10_2.13:" in text
     steps = _instructions("spark.Dockerfile")
     users = [rest for word, rest in steps if word == "USER"]
     assert users[-1].split(":")[0] not in ("0", "root")

@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.config import load_settings
+from spark_sink.config import load_sink_settings
 from tests.ops.conftest import ALERTS, DASHBOARD, DEPLOY, REPO, load_yaml_documents, tool
 from tests.ops.crd_schemas import SCHEMAS
 
 K8S = DEPLOY / "k8s"
 CONFIG = DEPLOY / "config" / "gateway.k8s.toml"
-COMPONENTS = ("prometheus-operator", "example-secrets")
+COMPONENTS = ("prometheus-operator", "example-secrets", "network-policy", "keda", "spark-operator")
 KUBERNETES_VERSION = "1.33.0"
 PART_OF = {"app.kubernetes.io/part-of": "dedup-gateway"}
 
@@ -83,7 +87,9 @@ def test_every_rendered_object_validates_core_strictly_and_crds_against_their_sc
     kinds = sorted(d["kind"] for d in everything)
     assert kinds == sorted([
         "ConfigMap", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
-        "Secret", "Secret", "PrometheusRule", "ServiceMonitor",
+        "Secret", "Secret", "PrometheusRule", "ServiceMonitor", "NetworkPolicy", "ScaledObject",
+        "PodMonitor", "SparkApplication", "PersistentVolumeClaim", "ServiceAccount", "Role",
+        "RoleBinding",
     ])  # fmt: skip
     for doc in everything:
         if doc["kind"] in SCHEMAS:
@@ -208,3 +214,139 @@ def test_pdb_and_service_select_the_deployments_pods(default: list[dict[str, Any
     }
     for kind, selector in selectors.items():
         assert selector["matchLabels"].items() <= labels.items(), kind
+
+
+def pod_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = one(docs, "Deployment")["spec"]["template"]
+    return pod
+
+
+def test_the_secrets_are_optional_so_a_plaintext_config_starts_without_them(
+    default: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """No Secret in the namespace: the pod still starts (every reference optional), and
+    a plaintext config (no SASL, no TLS, redis:// without a password) is all it needs."""
+    spec = pod_of(default)["spec"]
+    (container,) = spec["containers"]
+    for var in container["env"]:
+        assert var["valueFrom"]["secretKeyRef"]["optional"] is True, var["name"]
+    secret_volumes = [v for v in spec["volumes"] if "secret" in v]
+    assert secret_volumes and all(v["secret"]["optional"] is True for v in secret_volumes)
+    toml = configmap_of(default, "dedup-gateway-config-")["data"]["gateway.toml"]
+    plaintext = (
+        toml.replace('security_protocol = "SASL_SSL"', 'security_protocol = "PLAINTEXT"')
+        .replace('sasl_mechanism = "SCRAM-SHA-512"\n', "")
+        .replace('sasl_username = "dedup-gateway"\n', "")
+        .replace('ssl_cafile = "/etc/dedup-gateway/tls/ca.crt"\n', "")
+        .replace("rediss://", "redis://")
+    )
+    assert plaintext.count("redis://") == 3
+    path = tmp_path / "gateway.toml"
+    path.write_text(plaintext)
+    settings = load_settings(path)  # what the pod reads with no GATEWAY_* from a Secret
+    kafka = settings.kafka
+    assert (kafka.security_protocol, kafka.sasl_mechanism, kafka.ssl_cafile) == (
+        "PLAINTEXT",
+        None,
+        None,
+    )
+    assert all(n.scheme == "redis" and not n.hosts()[0]["password"] for n in settings.redis.nodes)
+
+
+def test_every_object_and_pod_carries_the_release_version(
+    everything: list[dict[str, Any]],
+) -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    (image,) = kustomization["images"]
+    version = metadata.version("dedup-gateway")
+    assert image["newTag"] == version
+    for doc in everything:
+        labels = doc["metadata"]["labels"]
+        assert labels.get("app.kubernetes.io/version") == version, doc["metadata"]["name"]
+    deployment = one(everything, "Deployment")
+    assert pod_of(everything)["metadata"]["labels"]["app.kubernetes.io/version"] == version
+    # Never in a selector: a Deployment's selector cannot change between releases.
+    assert "app.kubernetes.io/version" not in deployment["spec"]["selector"]["matchLabels"]
+    assert "app.kubernetes.io/version" not in one(everything, "Service")["spec"]["selector"]
+
+
+def test_the_network_policy_lets_in_the_scrape_and_out_dns_kafka_and_redis(
+    everything: list[dict[str, Any]],
+) -> None:
+    policy = one(everything, "NetworkPolicy")["spec"]
+    pod = pod_of(everything)
+    assert policy["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"] for p in container["ports"]}
+    assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
+    assert "metrics" in ports
+    out = {(p["port"], p["protocol"]) for rule in policy["egress"] for p in rule["ports"]}
+    settings = load_settings(CONFIG)
+    kafka_ports = {int(s.rsplit(":", 1)[1]) for s in settings.kafka.bootstrap_servers.split(",")}
+    redis_ports = {h["port"] for n in settings.redis.nodes for h in n.hosts()}
+    needed = {(53, "UDP"), (53, "TCP")} | {(p, "TCP") for p in kafka_ports | redis_ports}
+    assert out == needed
+
+
+def test_the_keda_example_scales_the_deployment_on_the_gateway_groups_lag(
+    everything: list[dict[str, Any]],
+) -> None:
+    scaled = one(everything, "ScaledObject")
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"]["name"] == one(everything, "Deployment")["metadata"]["name"]
+    (trigger,) = spec["triggers"]
+    settings = load_settings(CONFIG)
+    meta = trigger["metadata"]
+    assert trigger["type"] == "kafka"
+    assert meta["bootstrapServers"] == settings.kafka.bootstrap_servers
+    assert meta["consumerGroup"] == settings.kafka.group_id
+    assert meta["topic"] in settings.kafka.raw_topics
+    assert int(meta["lagThreshold"]) > 0
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    typo = json.loads(json.dumps(scaled))
+    typo["spec"]["triggers"][0]["metadata"]["lagThreshhold"] = "5"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(typo, SCHEMAS["ScaledObject"])
+
+
+def test_the_spark_job_runs_the_spark_image_with_the_gateways_config_and_exports_metrics(
+    everything: list[dict[str, Any]],
+) -> None:
+    """components/spark-operator: the hashed ConfigMap and the image are rewritten into
+    the SparkApplication (kustomize knows its fields only through the component's
+    configuration), the driver serves the metrics port the config names, and the
+    PodMonitor scrapes it."""
+    app = one(everything, "SparkApplication")
+    spec = app["spec"]
+    config = configmap_of(everything, "dedup-gateway-config-")
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]
+    kustomization = yaml.safe_load(
+        (K8S / "components/spark-operator/kustomization.yaml").read_text()
+    )
+    (entry,) = kustomization["images"]
+    assert spec["image"] == f"{entry['newName']}:{entry['newTag']}"
+    (mount,) = [m for m in spec["driver"]["volumeMounts"] if m["name"] == "config"]
+    assert spec["arguments"] == ["--config", mount["mountPath"]]
+    settings = load_sink_settings_text(config["data"]["gateway.toml"])
+    (port,) = spec["driver"]["ports"]
+    assert port["containerPort"] == settings.spark.metrics_port
+    for path in (settings.spark.checkpoint_dir, settings.spark.output_path):
+        (data,) = [m for m in spec["driver"]["volumeMounts"] if m["name"] == "data"]
+        assert path.startswith(data["mountPath"] + "/"), "checkpoint and output on the claim"
+    pvc = one(everything, "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"], "executors write the output too"
+    monitor = one(everything, "PodMonitor")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= spec["driver"]["labels"].items()
+    assert monitor["podMetricsEndpoints"][0]["port"] == port["name"]
+    assert spec["driver"]["serviceAccount"] == one(everything, "ServiceAccount")["metadata"]["name"]
+    assert spec["sparkVersion"] in (REPO / "deploy" / "spark.Dockerfile").read_text()
+
+
+def load_sink_settings_text(text: str) -> Any:
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "gateway.toml"
+        path.write_text(text)
+        return load_sink_settings(path)

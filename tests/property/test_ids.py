@@ -72,3 +72,28 @@ def test_hostile_json_is_bad_input_not_a_crash(value, reason):
     with pytest.raises(BadRecord) as err:
         build_extractor("json:a.b", 1024)(Rec(value=value))
     assert err.value.reason == reason
+
+
+JSON_OBJECTS = st.dictionaries(
+    st.sampled_from(["a", "b", "id"]),
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    max_size=3,
+).map(lambda v: json.dumps(v).encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_OBJECTS, schema_id=st.integers(0, 2**32 - 1), path=st.sampled_from(["a", "id"]))
+def test_a_confluent_framed_json_value_gives_the_same_id_as_the_plain_value(
+    value: bytes, schema_id: int, path: str
+) -> None:
+    """Magic byte 0 + a 4-byte schema id + the JSON: the frame is skipped, whatever the id."""
+    extract = build_extractor(f"json:{path}", 1024)
+    framed = Rec(value=b"\x00" + schema_id.to_bytes(4, "big") + value)
+    try:
+        plain_id = extract(Rec(value=value))
+    except BadRecord as plain_error:
+        with pytest.raises(BadRecord) as framed_error:
+            extract(framed)
+        assert framed_error.value.reason == plain_error.reason
+    else:
+        assert extract(framed) == plain_id

@@ -12,4 +12,12 @@ EXAMPLE = Path(__file__).parents[2] / "deploy" / "config" / "gateway.example.tom
 def test_example_config_loads_and_states_the_defaults():
     example = load_settings(EXAMPLE)
     defaults = Settings()
-    assert example.model_dump() == defaults.model_dump()
+    # [spark] is the Spark job's (checked below); the gateway keeps it unread.
+    assert example.model_dump(exclude={"spark"}) == defaults.model_dump(exclude={"spark"})
+
+
+def test_example_config_has_a_spark_section_stating_the_sink_defaults():
+    from spark_sink.config import SparkSettings, load_sink_settings
+
+    assert "\n[spark]\n" in EXAMPLE.read_text()
+    assert load_sink_settings(EXAMPLE).spark == SparkSettings()

@@ -67,3 +67,13 @@ def test_source_ref_round_trips_topics_with_slashes():
     assert parse_source_ref(source_ref("a/b", 2, 7)) == ("a/b", 2, 7)
     with pytest.raises(ValueError, match="invalid literal"):
         parse_source_ref("raw/x/1")
+
+
+def test_a_confluent_framed_json_value_is_read_past_its_frame_and_a_short_one_is_not_json():
+    extract = build_extractor("json:order.id", 100)
+    framed = b"\x00\x00\x00\x01\x2a" + b'{"order": {"id": "o-9"}}'
+    assert extract(Rec(value=framed)) == b"o-9"
+    for bad in (b"\x00\x00\x01", b"\x00\x00\x00\x00\x07not json"):
+        with pytest.raises(BadRecord) as refused:
+            extract(Rec(value=bad))
+        assert refused.value.reason == "not_json"

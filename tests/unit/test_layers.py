@@ -19,13 +19,22 @@ PACKAGE = Path(gateway.__file__).parent
 # units of one layer do not import each other unless SIDEWAYS allows it.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"sizing", "member_urls", "contract", "waits"},
-    {"config"},
+    {
+        "sizing",
+        "member_urls",
+        "contract",
+        "waits",
+        "client_properties",
+        "settings_text",
+        "progress",
+    },
+    {"config", "oauth"},
     {"rules"},
     {"logs", "metrics"},
     {"kafka", "quorum"},
-    {"raw", "delay", "failures"},
-    {"ops", "service"},
+    {"raw", "delay", "failures", "startup_wait"},
+    {"ops", "service", "topics"},
+    {"connect_check"},
     {"cli"},
     {"__main__"},
 ]

@@ -11,8 +11,9 @@
 -- zero byte, which one digest in ~20 holds);
 -- ARGV[10]: the key digests, concatenated; ARGV[11]: the records' timestamps
 -- and ARGV[12] their versions, each followed by ','.
--- Reply per record: its window's start and 1 if this call opened the window,
--- else 0 (flattened); or 'epoch:<epoch held>'. A replay of an update (same
+-- Reply per record: its window's start, 1 if this call opened the window, else 0,
+-- and the window's newest timestamp before this update (0 if none) (flattened);
+-- or 'epoch:<epoch held>'. A replay of an update (same
 -- version) changes nothing; a replayed older update counts once more in n.
 
 local epoch_id = ARGV[5]
@@ -53,6 +54,6 @@ for i = 1, #digests / len do
     redis.call('HINCRBY', state, 'n', 1)
   end
   redis.call('PEXPIRE', state, ttl)
-  out[2 * i - 1], out[2 * i] = start, opened
+  out[3 * i - 2], out[3 * i - 1], out[3 * i] = start, opened, last or 0
 end
 return out

@@ -40,6 +40,8 @@ def make_settings(broker: str, names: Callable[[str], str], tmp_path: Path):
                 "checkpoint_dir": str(tmp_path / "checkpoint"),
                 "output_path": str(tmp_path / "output"),
                 "source": "auto",  # no connector here: picks the Python source
+                # The tests' records are JSON orders; the default handler passes everything.
+                "handler": "spark_sink.handlers:orders",
                 **spark,
             },
         )
