@@ -130,7 +130,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _check_connect(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway import connect_check
+    from gateway.ops import connect_check
 
     configure(settings.log)
     if not args.verbose:
@@ -152,7 +152,7 @@ def _check_connect(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from gateway import topics
+    from gateway.ops import topics
 
     settings = _settings(args)
     specs = topics.needed_topics(settings, args.partitions)
@@ -166,7 +166,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 async def _topics_on_broker(args: argparse.Namespace, settings: Settings, specs: list[Any]) -> int:
-    from gateway import topics
+    from gateway.ops import topics
 
     admin = topics.admin_client(settings.kafka)
     try:

@@ -9,7 +9,7 @@ Names are the librdkafka / Java client ones (`client.id`, `request.timeout.ms`,
   prefix (the families differ, e.g. for OAUTHBEARER: librdkafka's
   `sasl.oauthbearer.method`, the Java client's `sasl.login.callback.handler.class`);
 - `sasl.oauthbearer.token`, `.token.file`, `.token.command` are the gateway's own:
-  where its aiokafka clients get an OAUTHBEARER token (gateway/oauth.py), for
+  where its aiokafka clients get an OAUTHBEARER token (gateway/kafka/oauth.py), for
   `sasl.mechanism = "OAUTHBEARER"`; the Spark job's clients fetch their own
   tokens through their family's settings.
 What `[kafka]` already sets (bootstrap servers, security protocol, the SASL user

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from gateway import client_properties
 from gateway.config import KafkaSettings
-from gateway.oauth import token_provider
+from gateway.kafka.oauth import token_provider
 
 logger = logging.getLogger(__name__)
 

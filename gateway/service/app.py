@@ -23,6 +23,7 @@ from gateway.failures.fetch_back import RawFetcher
 from gateway.failures.loop import FailureLoop
 from gateway.kafka.clients import build_consumer, build_producer, stop_all_within
 from gateway.kafka.sink import Sink
+from gateway.kafka.startup_wait import wait_for_broker
 from gateway.member_urls import member_name
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
@@ -31,7 +32,6 @@ from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
 from gateway.raw.source import RawSource
 from gateway.service.health import HealthServer
-from gateway.startup_wait import wait_for_broker
 from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from gateway.kafka.clients import (
     java_client_options,
     librdkafka_options,
 )
-from gateway.oauth import CommandToken, FileToken, StaticToken, TokenError
+from gateway.kafka.oauth import CommandToken, FileToken, StaticToken, TokenError
 
 
 def kafka_with(client: dict[str, object], **kafka: object):

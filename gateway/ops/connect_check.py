@@ -32,9 +32,9 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from gateway.config import Settings
 from gateway.member_urls import member_name
+from gateway.ops.topics import admin_client, existing_topics, needed_topics
 from gateway.quorum import scripts
 from gateway.quorum.members import client_for, node_client_for
-from gateway.topics import admin_client, existing_topics, needed_topics
 
 CHECK_TIMEOUT_S = 5.0
 SLOTS = 16384
