@@ -93,6 +93,7 @@ class SparkBench:
         self.bootstrap = bootstrap
         self.state_dir = state_dir / "spark"
         self._session: SparkSession | None = None
+        self._own_session = False
 
     def settings(self, variant: str, topic: str) -> SinkSettings:
         work = self.state_dir / f"{topic}-{variant}"
@@ -107,6 +108,7 @@ class SparkBench:
     def session(self, settings: SinkSettings) -> SparkSession:
         if self._session is None:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            self._own_session = SparkSession.getActiveSession() is None
             self._session = build_session(settings)
             self._session.sparkContext.setLogLevel("ERROR")
         return self._session
@@ -164,9 +166,9 @@ class SparkBench:
         return float(batch["durationMs"]["triggerExecution"]) / 1000
 
     def close(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._own_session:
             self._session.stop()
-            self._session = None
+        self._session = None
 
 
 def _floor_query(spark: SparkSession, settings: SinkSettings) -> StreamingQuery:

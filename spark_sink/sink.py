@@ -12,6 +12,13 @@ them and does not call the handler. Output and release commands are both made
 from the stored outcomes, so a record is written or released, never both or
 neither, whatever the handler says on a re-run.
 
+Cost per batch. The first run makes one pass over the input: the write of the
+outcomes, which also fingerprints the input and counts the outcomes (Spark's
+observed metrics, `DataFrame.observe`), so nothing is cached or counted apart.
+The output is a second pass, over the stored Parquet; release commands are
+collected only when some outcome failed. A re-run (a marker is there) makes one
+pass more to fingerprint its input before it trusts the stored outcomes.
+
 Exactly-once output. The ok rows of batch N are written with mode overwrite
 to `<output_path>/batch_id=N/`, so a re-run replaces what a crashed attempt
 left rather than adding to it. Readers see the whole output with

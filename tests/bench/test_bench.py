@@ -1,11 +1,13 @@
 """The benchmark's own correctness, not its speed: a small run of every variant
 on a real local stack must forward and drop exactly what the generated traffic
-implies, and write its JSON, chart and table; the report pairs ratios by round."""
+implies, and write its JSON, chart and table; the report pairs ratios by round.
+The spark variants read gateway-3's clean topic of the same round (bench/spark.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,8 +33,12 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
 
     written = json.loads((tmp_path / "out" / "results.json").read_text())
     runs = written["runs"]
+    # The spark variants run at the targets' share (here the first: 0.2 is not among them).
     assert {(r["variant"], r["share"]) for r in runs} == {
-        (v.name, share) for v in VARIANTS if not v.opt_in for share in (0.0, 0.5)
+        (v.name, share)
+        for v in VARIANTS
+        if not v.opt_in
+        for share in ((0.0,) if v.kind == "spark" else (0.0, 0.5))
     }
     by_name = {v.name: v for v in VARIANTS}
     for r in runs:
@@ -74,6 +80,32 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     assert "cores busy" in text and "cores allow" in text
     assert "| gateway-3 p99 over broker-floor, ms | 500/s |" in text
     assert "| gateway-3-cluster / gateway-3 |" in text and "cluster member (" in text
+    _check_the_spark_half(written, text)
+
+
+def _check_the_spark_half(written: dict[str, Any], text: str) -> None:
+    """Each spark variant read every row gateway-3 wrote in its round (and the records of
+    the one-record batches before it); the job wrote each once and failed none."""
+    (gateway,) = [r for r in written["runs"] if r["variant"] == "gateway-3" and r["share"] == 0]
+    spark = {r["variant"]: r for r in written["runs"] if r["variant"].startswith("spark-")}
+    assert set(spark) == {"spark-job", "spark-floor"}
+    for r in spark.values():
+        assert r["correct"] and r["forwarded"] == r["records"] == r["expected_forwarded"], r
+        assert gateway["forwarded"] <= r["records"] <= gateway["forwarded"] + 1, r
+        assert r["spark"]["jvm_cpu_s"] > 0 and r["spark"]["workers_cpu_s"] > 0, r
+        assert r["spark"]["batch_fixed_s"] > 0 and r["spark"]["batches"] >= 1, r
+        assert r["spark"]["phases_ms"]["addBatch"] > 0, r
+    assert spark["spark-job"]["spark"]["failed"] == 0  # valid orders: nothing released
+    targets = {t["target"]: t for t in written["targets"]}
+    for name in ("spark-job / spark-floor", "spark-floor / gateway-3", "spark-job / gateway-3",
+                 "Spark fixed cost per micro-batch, s"):  # fmt: skip
+        assert targets[name]["measured"] > 0, name
+    (job,) = [s for s in written["spark"] if s["variant"] == "spark-job"]
+    assert job["cpu_us_per_row"] == pytest.approx(
+        job["driver_cpu_s_us_per_row"] + job["jvm_cpu_s_us_per_row"]
+        + job["workers_cpu_s_us_per_row"]
+    )  # fmt: skip
+    assert "**The Spark half**" in text and "| spark-job / spark-floor |" in text
 
 
 def _run(variant: str, round_no: int, seconds: float) -> ThroughputRun:
