@@ -46,6 +46,7 @@ from bench.processes import process_cpu
 from gateway.records import H_ATTEMPT, H_ID, H_SOURCE, H_TOKEN
 from spark_sink.config import SinkSettings, load_sink_settings
 from spark_sink.job import build_session, make_sink, read_clean_topic, spark_checkpoint, start_query
+from spark_sink.sink import BatchSink
 from spark_sink.transforms import REASON
 
 JOB, JOB_PASSTHROUGH, FLOOR = "spark-job", "spark-job-passthrough", "spark-floor"
@@ -119,23 +120,13 @@ class SparkBench:
         spark = self.session(settings)
         jvm_pid = int(spark._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
         cpu0 = _cpu(jvm_pid)
-        if variant == FLOOR:
-            query = _floor_query(spark, settings)
-            query.awaitTermination()
-            progress = _data_batches(query)
-            written, failed, dropped = sum(int(p["numInputRows"]) for p in progress), 0, 0
-        else:
-            sink = make_sink(settings, passthrough if variant == JOB_PASSTHROUGH else None)
-            try:
-                query = start_query(spark, settings, sink, available_now=True)
-                query.awaitTermination()
-            finally:
-                sink.close()
-            progress = _data_batches(query)
-            written, failed = sink.counts.written, sink.counts.failed
-            dropped = sum(int(p["numInputRows"]) for p in progress) - sink.counts.records
-        cpu1 = _cpu(jvm_pid)
+        progress, sink = self._until_done(variant, spark, settings)
         rows = sum(int(p["numInputRows"]) for p in progress)
+        written, failed, dropped = rows, 0, 0  # the floor writes what it reads
+        if sink is not None:
+            written, failed = sink.counts.written, sink.counts.failed
+            dropped = rows - sink.counts.records
+        cpu1 = _cpu(jvm_pid)
         fixed = self.one_record_batch(variant, settings, spark)
         shutil.rmtree(self.state_dir / f"{topic}-{variant}", ignore_errors=True)
         phases: dict[str, float] = {}
@@ -152,18 +143,27 @@ class SparkBench:
     def one_record_batch(self, variant: str, settings: SinkSettings, spark: SparkSession) -> float:
         """triggerExecution (s) of a batch holding one new record, on the run's checkpoint."""
         produce_one(self.bootstrap, settings.kafka.clean_topic)
+        progress, _ = self._until_done(variant, spark, settings)
+        (batch,) = progress
+        return float(batch["durationMs"]["triggerExecution"]) / 1000
+
+    @staticmethod
+    def _until_done(
+        variant: str, spark: SparkSession, settings: SinkSettings
+    ) -> tuple[list[dict[str, Any]], BatchSink | None]:
+        """Run `variant` with availableNow to the end: its batches with rows, and the
+        job's sink (None for the floor)."""
         if variant == FLOOR:
             query = _floor_query(spark, settings)
             query.awaitTermination()
-        else:
-            sink = make_sink(settings, passthrough if variant == JOB_PASSTHROUGH else None)
-            try:
-                query = start_query(spark, settings, sink, available_now=True)
-                query.awaitTermination()
-            finally:
-                sink.close()
-        (batch,) = [p for p in query.recentProgress if int(p["numInputRows"]) == 1]
-        return float(batch["durationMs"]["triggerExecution"]) / 1000
+            return _data_batches(query), None
+        sink = make_sink(settings, passthrough if variant == JOB_PASSTHROUGH else None)
+        try:
+            query = start_query(spark, settings, sink, available_now=True)
+            query.awaitTermination()
+        finally:
+            sink.close()
+        return _data_batches(query), sink
 
     def close(self) -> None:
         if self._session is not None and self._own_session:

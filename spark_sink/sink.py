@@ -323,7 +323,7 @@ class BatchSink:
     @staticmethod
     def _store(records: DataFrame, handler: Handler, uri: str) -> StoredOutcomes:
         # Fresh observations each attempt: one a failed write never filled would block get.
-        seen, outcome = Observation("input"), Observation("outcomes")
+        seen, outcome = Observation("dedup_sink_input"), Observation("dedup_sink_outcomes")
         failed = F.col(REASON).isNotNull()
         results = handler(records.observe(seen, *_fingerprint_columns())).observe(
             outcome, F.count_if(~failed).alias("ok"), F.count_if(failed).alias("failed")
