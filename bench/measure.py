@@ -84,6 +84,8 @@ class ThroughputRun:
     cluster_bytes_per_mark: list[float] = field(default_factory=list)  # one per cluster member
     # The part of cluster_bytes_per_mark that is the masters' client buffers' growth.
     cluster_client_bytes_per_mark: list[float] = field(default_factory=list)
+    # A spark variant's CPU by process, fixed cost per batch and phases (bench/spark.py).
+    spark: dict[str, Any] | None = None
 
     @property
     def rate(self) -> float:
@@ -265,15 +267,22 @@ def _per_mark(
     return growth / ids
 
 
+def clean_topic(variant: str, share: float, round_no: int) -> str:
+    """The clean topic a variant's run writes."""
+    return f"clean-{variant}-{int(share * 100)}-{round_no}"
+
+
 async def throughput(
-    stack: LocalStack, variant: Variant, raw: PreparedTopic, round_no: int, progress: Progress
-) -> ThroughputRun:
+    stack: LocalStack, variant: Variant, raw: PreparedTopic, round_no: int, progress: Progress,
+    *, keep_clean: bool = False,
+) -> ThroughputRun:  # fmt: skip
+    """`keep_clean`: leave the clean topic for the spark variants (they delete it)."""
     on = members(stack, variant)
     urls = on.servers
     assert stack.broker is not None and stack.broker.proc is not None
     broker_pid = stack.broker.proc.pid
     await flush(urls)
-    clean = f"clean-{variant.name}-{int(raw.share * 100)}-{round_no}"
+    clean = clean_topic(variant.name, raw.share, round_no)
     await create_topics(stack.bootstrap, {clean: 4, f"{clean}-quarantine": 1})
     if variant.lanes:
         await create_topics(stack.bootstrap, {urgent_topic(raw.name): 4})
@@ -310,7 +319,9 @@ async def throughput(
         broker_cpu = process_cpu(broker_pid) - broker0
         waited = counts.vote_wait_s() - waited0
         after = await redis_info(urls)
-    await delete_topics(stack.bootstrap, [clean, f"{clean}-quarantine"])
+    await delete_topics(
+        stack.bootstrap, [f"{clean}-quarantine"] if keep_clean else [clean, f"{clean}-quarantine"]
+    )
     expected_forwarded, expected_duplicates = raw.expected(variant)
     clustered, ids = len(on.cluster_nodes), len(raw.traffic.unique_ids)
     return ThroughputRun(

@@ -26,6 +26,9 @@ from bench.measure import FLOOR, LatencyRun, ThroughputRun
 from bench.variants import CEILING, CLUSTER_MASTERS, FORWARDER, VARIANTS
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+# Spark's query progress phases (durationMs) quoted per batch in the spark table.
+SPARK_PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets",
+                "triggerExecution")  # fmt: skip
 TARGET_SHARE = 0.2
 HALF_FORWARDER = "half forwarder max"  # the load named after the forwarder's maximum
 NO_GOAL = "none (reported)"  # a target row that informs: no goal, never "missed"
@@ -58,8 +61,60 @@ class Results:
 
     @property
     def present(self) -> list[str]:
-        """The variants that ran, in the canonical order."""
-        return [v.name for v in VARIANTS if any(r.variant == v.name for r in self.runs)]
+        """The gateway-side variants that ran, in the canonical order."""
+        return [v.name for v in VARIANTS if v.kind != "spark" and self._ran(v.name)]
+
+    @property
+    def spark_present(self) -> list[str]:
+        """The spark variants that ran (their own table: bench/spark.py)."""
+        return [v.name for v in VARIANTS if v.kind == "spark" and self._ran(v.name)]
+
+    def _ran(self, variant: str) -> bool:
+        return any(r.variant == variant for r in self.runs)
+
+    @property
+    def spark_share(self) -> float | None:
+        """The share the spark variants ran at (the targets' share, or the first)."""
+        return next((r.share for r in self.runs if r.variant in self.spark_present), None)
+
+    def spark_median(self, variant: str, key: str, per_row: bool = False) -> float:
+        """Median over rounds of a spark run's `spark[key]` (per row read with `per_row`)."""
+        share = self.spark_share
+        return statistics.median(
+            float(r.spark[key]) / (r.records if per_row else 1)
+            for r in self.runs
+            if r.variant == variant and r.share == share and r.spark is not None
+        )
+
+    def spark_summary(self) -> list[dict[str, Any]]:
+        share = self.spark_share
+        if share is None:
+            return []
+        rows = []
+        for name in self.spark_present:
+            runs = self.of(name, share)
+            phases = {
+                phase: statistics.median(
+                    r.spark["phases_ms"].get(phase, 0.0) / r.spark["batches"]
+                    for r in runs
+                    if r.spark is not None
+                )
+                for phase in SPARK_PHASES
+            }
+            rows.append({
+                "variant": name, "share": share, "rate": self.rate(name, share),
+                "ratio_to_floor": self.ratio(name, "spark-floor", share),
+                "ratio_to_gateway_3": self.ratio(name, "gateway-3", share),
+                **{f"{key}_us_per_row": self.spark_median(name, key, per_row=True) * 1e6
+                   for key in ("driver_cpu_s", "jvm_cpu_s", "workers_cpu_s")},
+                "cpu_us_per_row": self.per_million(name, share, "gateway_cpu_s"),
+                "batches": self.spark_median(name, "batches"),
+                "batch_fixed_s": self.spark_median(name, "batch_fixed_s"),
+                "phase_ms_per_batch": phases,
+                "rounds": len(runs),
+                "correct": all(r.correct for r in runs),
+            })  # fmt: skip
+        return rows
 
     def of(self, variant: str, share: float) -> list[ThroughputRun]:
         return [r for r in self.runs if r.variant == variant and r.share == share]
@@ -172,6 +227,22 @@ class Results:
             rows.append(("Redis bytes per mark, gateway-3-cluster",
                          f"cluster member ({CLUSTER_MASTERS} masters summed)", NO_GOAL, mark,
                          lambda v: None))  # fmt: skip
+        if (spark := self.spark_share) is not None:
+            where = f"{spark:.0%} dups"
+            rows += [
+                ("spark-job / spark-floor", where, ">= 0.8",
+                 self.ratio("spark-job", "spark-floor", spark), lambda v: v >= 0.8),
+                ("spark-floor / gateway-3", where, ">= 1.0",
+                 self.ratio("spark-floor", "gateway-3", spark), lambda v: v >= 1.0),
+                ("spark-job / gateway-3", where, ">= 0.5 (stretch 1.0)",
+                 self.ratio("spark-job", "gateway-3", spark), lambda v: v >= 0.5),
+                ("spark-job-passthrough / spark-job", where, NO_GOAL,
+                 self.ratio("spark-job-passthrough", "spark-job", spark), lambda v: None),
+            ]  # fmt: skip
+            if "spark-job" in self.spark_present:
+                rows.append(("Spark fixed cost per micro-batch, s", "spark-job, 1-record batch",
+                             "<= 0.5", self.spark_median("spark-job", "batch_fixed_s"),
+                             lambda v: v <= 0.5))  # fmt: skip
         bounded = (("gateway-3", FORWARDER.name), ("gateway-5", "gateway-3"))
         allow = {f"{v} / {b}": self.cores_allow(v, b, share) for v, b in bounded}
         return [
@@ -206,6 +277,7 @@ class Results:
             "machine": self.machine,
             "options": self.options,
             "summary": self.summary(),
+            "spark": self.spark_summary(),
             "scaling": self.scaling(),
             "latency": [
                 {
@@ -401,6 +473,33 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
             ),
         ),
     ]
+    if spark_rows := results.spark_summary():
+        lines += [
+            "",
+            f"**The Spark half** (bench/spark.py; on the clean topic gateway-3 wrote in the "
+            f"same round, {spark_rows[0]['share']:.0%} dups, local[2], availableNow from a "
+            "fresh checkpoint; records/s from the first batch with rows to the end of the "
+            "last; CPU µs per row read: the Python driver, the JVM, the Python workers; "
+            "fixed cost: a one-record batch's triggerExecution; phases: Spark's "
+            "durationMs per batch, median over rounds)",
+            "",
+            *_table(
+                ["variant", "records/s", "x spark-floor", "x gateway-3", "driver µs/row",
+                 "JVM µs/row", "workers µs/row", "CPU µs/row", "batches",
+                 "1-record batch s", "ms per batch: " + " / ".join(SPARK_PHASES),
+                 "counts right"],
+                (
+                    [s["variant"], f"{s['rate']:,.0f}", _fmt(s["ratio_to_floor"]),
+                     _fmt(s["ratio_to_gateway_3"]), f"{s['driver_cpu_s_us_per_row']:.1f}",
+                     f"{s['jvm_cpu_s_us_per_row']:.1f}", f"{s['workers_cpu_s_us_per_row']:.1f}",
+                     f"{s['cpu_us_per_row']:.1f}", f"{s['batches']:.0f}",
+                     f"{s['batch_fixed_s']:.2f}",
+                     " / ".join(f"{v:,.0f}" for v in s["phase_ms_per_batch"].values()),
+                     "yes" if s["correct"] else "**NO**"]
+                    for s in spark_rows
+                ),
+            ),
+        ]  # fmt: skip
     if (scaling := results.scaling()) is not None:
         lines += [
             "",

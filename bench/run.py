@@ -19,10 +19,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvloop
 from rich.console import Console
@@ -42,17 +44,22 @@ from bench.measure import (
     LatencyRun,
     PreparedTopic,
     ThroughputRun,
+    clean_topic,
+    delete_topics,
     floor_latency,
     latency,
     throughput,
 )
-from bench.variants import CLUSTER_MASTERS, FORWARDER, VARIANTS, Variant
+from bench.variants import CLUSTER_MASTERS, FORWARDER, SPARK_INPUT, VARIANTS, Variant
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import create_topics
 from devtools.traffic import produce_traffic
 from gateway.cli import configure_gc
 from gateway.config import load_settings
 from gateway.logs import configure
+
+if TYPE_CHECKING:
+    from bench.spark import SparkBench
 
 console = Console()
 LATENCY_SHARE = 0.2
@@ -103,12 +110,18 @@ async def bench(opts: Options) -> report.Results:
         console.print(f"local stack: broker {stack.bootstrap}, {most_redis} redis-server{cluster}")
         topics = await prepare(stack, opts)
         runs: list[ThroughputRun] = []
+        gateways = tuple(v for v in _chosen(opts) if v.kind != "spark")
+        sparks = tuple(v for v in _chosen(opts) if v.kind == "spark")
+        spark_share = report.TARGET_SHARE if report.TARGET_SHARE in opts.shares else opts.shares[0]
         plan = [
             (round_no, share, variant)
             for round_no in range(1, opts.rounds + 1)
             for share in opts.shares
-            for variant in _rotated(_chosen(opts), round_no)
+            for variant in _rotated(gateways, round_no)
+            + (_rotated(sparks, round_no) if share == spark_share else [])
         ]
+        spark_bench = _spark_bench(stack) if sparks else None
+        spark_rows = 0  # what gateway-3's clean topic of this round holds now
         with _progress() as progress:
             overall = progress.add_task("all runs", total=len(plan))
             for round_no, share, variant in plan:
@@ -119,7 +132,19 @@ async def bench(opts: Options) -> report.Results:
                 def show(done: int, task: TaskID = current) -> None:
                     progress.update(task, completed=done)
 
-                run = await throughput(stack, variant, raw, round_no, show)
+                if variant.kind == "spark":
+                    assert spark_bench is not None
+                    run = await _spark_run(spark_bench, stack, variant, share, round_no, spark_rows)
+                    spark_rows += 1  # the record of its one-record batch
+                    if variant == _rotated(sparks, round_no)[-1]:  # the round's last reader
+                        await delete_topics(
+                            stack.bootstrap, [clean_topic(SPARK_INPUT, share, round_no)]
+                        )
+                else:
+                    keep = bool(sparks) and variant.name == SPARK_INPUT and share == spark_share
+                    run = await throughput(stack, variant, raw, round_no, show, keep_clean=keep)
+                    if keep:
+                        spark_rows = run.forwarded
                 progress.remove_task(current)
                 progress.advance(overall)
                 runs.append(run)
@@ -148,6 +173,8 @@ async def bench(opts: Options) -> report.Results:
                         )
                     )  # fmt: skip
         delay = await delay_bench.measure(stack, opts.delay_records) if opts.delay_records else None
+        if spark_bench is not None:
+            spark_bench.close()
     return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts), delay=delay)
 
 
@@ -160,11 +187,33 @@ def _loads(opts: Options, runs: list[ThroughputRun], share: float) -> list[tuple
     return loads
 
 
+def _spark_bench(stack: LocalStack) -> SparkBench:
+    from bench.spark import SparkBench
+
+    return SparkBench(stack.bootstrap, stack.state_dir)
+
+
+async def _spark_run(
+    bench: SparkBench, stack: LocalStack, variant: Variant, share: float, round_no: int,
+    rows: int,
+) -> ThroughputRun:  # fmt: skip
+    """A spark variant on the clean topic gateway-3 wrote in this round (`rows` in it)."""
+    from bench.spark import measure
+
+    assert stack.broker is not None and stack.broker.proc is not None
+    topic = clean_topic(SPARK_INPUT, share, round_no)
+    return await asyncio.to_thread(
+        measure, bench, variant.name, topic, share, round_no, rows, stack.broker.proc.pid
+    )
+
+
 def _chosen(opts: Options) -> tuple[Variant, ...]:
     return tuple(v for v in VARIANTS if v.name in opts.variants)
 
 
 def _rotated(variants: tuple[Variant, ...], round_no: int) -> list[Variant]:
+    if not variants:
+        return []
     shift = (round_no - 1) % len(variants)
     return list(variants[shift:] + variants[:shift])
 
@@ -215,6 +264,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
     args = parser.parse_args(argv)
     if any(not 0 <= s < 1 for s in args.shares):
         parser.error("--shares: each share must be in [0, 1)")
+    if any(n.startswith("spark-") for n in args.variants) and SPARK_INPUT not in args.variants:
+        parser.error(f"--variants: the spark variants read the clean topic {SPARK_INPUT} writes")
     return Options(**vars(args))
 
 

@@ -21,7 +21,10 @@
   cluster member costs against a standalone one;
 - `gateway-3x1`, `gateway-3x2`: gateway-3 as a real `dedup-gateway run
   --workers 1|2` process tree (bench/processes.py), counted through the
-  supervisor's /metrics: how the gateway scales over cores.
+  supervisor's /metrics: how the gateway scales over cores;
+- `spark-job`, `spark-floor` (and the opt-in `spark-job-passthrough`): the
+  Spark half on the clean topic gateway-3 wrote in the same round, at the
+  targets' duplicate share (bench/spark.py).
 
 The first seven run in the benchmark's own process (same event loop, same
 measuring overhead), so their ratios compare like with like.
@@ -51,7 +54,7 @@ class Variant:
     redis: int  # quorum members the variant uses
     dedup: bool = True
     naive: bool = False
-    kind: Literal["in-process", "ceiling", "processes"] = "in-process"
+    kind: Literal["in-process", "ceiling", "processes", "spark"] = "in-process"
     workers: int = 1  # processes under the supervisor (kind "processes")
     lanes: bool = False  # the raw topic as the low lane under an empty high lane
     cluster: bool = False  # the first member is the stack's Redis Cluster (CLUSTER_MASTERS)
@@ -62,7 +65,7 @@ class Variant:
     def fixed_load(self) -> bool:
         """Measured for latency at the common offered loads (naive-3 cannot carry
         them; the process variants' samples stay in their own processes)."""
-        return self.kind != "processes" and not self.naive
+        return self.kind not in ("processes", "spark") and not self.naive
 
 
 # Masters of the cluster member the stack starts when a chosen variant has one.
@@ -83,7 +86,13 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("gateway-3-cluster", redis=3, cluster=True),
     Variant("gateway-3x1", redis=3, kind="processes", workers=1),
     Variant("gateway-3x2", redis=3, kind="processes", workers=2),
+    # After gateway-3 in each round, on its clean topic (bench/spark.py).
+    Variant("spark-job", redis=0, dedup=False, kind="spark"),
+    Variant("spark-floor", redis=0, dedup=False, kind="spark"),
+    Variant("spark-job-passthrough", redis=0, dedup=False, kind="spark", opt_in=True),
 )
+# The gateway variant whose clean topic the spark variants read.
+SPARK_INPUT = "gateway-3"
 
 
 class Counts(Protocol):

@@ -31,6 +31,8 @@ Partitions that appear while the query runs are read from their beginning
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import logging
 import time
@@ -38,6 +40,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -91,7 +94,11 @@ TopicPartitionKey = tuple[str, int]
 PROBE_TIMEOUT_S = 30.0
 # A reader that sees no record and no end-of-partition for this long gives up.
 READ_STALL_TIMEOUT_S = 60.0
+# Most messages per consume call, and so per Arrow batch handed to Spark.
 ARROW_BATCH_ROWS = 10_000
+# A reader knows where its range ends: it wants each fetch answered at once (a broker
+# that holds fetches for their whole wait, as the test broker does, would pace it).
+READ_FETCH_WAIT_MS = 10
 
 
 class KafkaSourceError(RuntimeError):
@@ -265,7 +272,8 @@ def arrow_schema() -> pa.Schema:
 def read_range(
     client_config: Mapping[str, str], topic: str, partition: int, start: int, end: int
 ) -> Iterator[pa.RecordBatch]:
-    """Records of one partition with start <= offset < end, as Arrow batches.
+    """Records of one partition with start <= offset < end, as Arrow batches: one per
+    `consume` call, built column by column (`to_batch`).
 
     Offsets may have gaps (compaction, transaction markers); the range is done
     when a record at or past `end-1` arrives or the end-of-partition event
@@ -274,64 +282,74 @@ def read_range(
     from confluent_kafka import KafkaError, TopicPartition
 
     schema = arrow_schema()
-    consumer = _consumer(client_config)
+    consumer = _consumer(client_config, **{"fetch.wait.max.ms": READ_FETCH_WAIT_MS})
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
-        columns: list[list[Any]] = [[] for _ in schema]
         last_progress = time.monotonic()
         done = start >= end
         while not done:
-            msgs = consumer.consume(1000, 0.5)
-            if not msgs and time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
-                raise KafkaSourceError(
-                    f"{topic}/{partition}: nothing read for {READ_STALL_TIMEOUT_S}s "
-                    f"while reading [{start}, {end})"
-                )
-            for msg in msgs:
-                last_progress = time.monotonic()
-                err = msg.error()
-                if err is not None:
+            msgs = consumer.consume(ARROW_BATCH_ROWS, 0.5)
+            if not msgs:
+                if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+                    raise KafkaSourceError(
+                        f"{topic}/{partition}: nothing read for {READ_STALL_TIMEOUT_S}s "
+                        f"while reading [{start}, {end})"
+                    )
+                continue
+            last_progress = time.monotonic()
+            errors = [m.error() for m in msgs]
+            if any(errors):  # rare: the end-of-partition event, or a failure
+                for msg, err in zip(msgs, errors, strict=True):
+                    if err is None:
+                        continue
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise KafkaSourceError(f"reading {topic}/{partition}: {err}")
-                    if msg.offset() >= end:
-                        done = True
-                        break
-                    continue
-                offset = msg.offset()
-                if offset >= end:
-                    done = True
-                    break
-                if offset < start:
-                    continue
-                ts_type, ts = msg.timestamp()
-                headers = msg.headers()
-                row = (
-                    msg.key(),
-                    msg.value(),
-                    topic,
-                    partition,
-                    offset,
-                    ts * 1000 if ts_type else None,  # ms -> us
-                    ts_type - 1,  # librdkafka 0/1/2 -> Kafka -1/0/1 (none/create/append)
-                    [{"key": k, "value": v} for k, v in headers] if headers else [],
-                )
-                for column, value in zip(columns, row, strict=True):
-                    column.append(value)
-                if offset >= end - 1:
-                    done = True
-                    break
-            if len(columns[0]) >= ARROW_BATCH_ROWS:
-                yield _to_batch(columns, schema)
-                columns = [[] for _ in schema]
-        if columns[0]:
-            yield _to_batch(columns, schema)
+                    done = done or msg.offset() >= end
+                msgs = [m for m, err in zip(msgs, errors, strict=True) if err is None]
+            offsets = [m.offset() for m in msgs]
+            # Offsets rise within a partition: keep start <= offset < end by bisection.
+            first, past = bisect.bisect_left(offsets, start), bisect.bisect_left(offsets, end)
+            done = done or past < len(offsets) or (past > 0 and offsets[past - 1] >= end - 1)
+            if past > first:
+                yield to_batch(schema, topic, partition, msgs[first:past], offsets[first:past])
     finally:
         consumer.close()
 
 
-def _to_batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
-    arrays = [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+def to_batch(
+    schema: pa.Schema, topic: str, partition: int, msgs: Sequence[Any], offsets: Sequence[int]
+) -> pa.RecordBatch:
+    """An Arrow batch of `SCHEMA` from fetched messages: one C-level call per message
+    and column, the rest (timestamps, the constant topic and partition) on whole arrays."""
+    n = len(msgs)
+    ts_types, stamps = zip(*[m.timestamp() for m in msgs], strict=True)
+    # librdkafka's 0/1/2 (none/create/append) -> Kafka's -1/0/1; ms -> µs, null for none.
+    kinds = pa.array(ts_types, pa.int32())
+    micros = pc.multiply(pa.array(stamps, pa.int64()), 1000)
+    none = pa.scalar(None, pa.int64())
+    when = pc.if_else(pc.equal(kinds, 0), none, micros).cast(schema.field("timestamp").type)
+    headers = [m.headers() or () for m in msgs]
+    pairs = list(itertools.chain.from_iterable(headers))
+    header_type = schema.field("headers").type
+    entries = pa.StructArray.from_arrays(
+        [
+            pa.array([k for k, _ in pairs], pa.string()),
+            pa.array([v for _, v in pairs], pa.binary()),
+        ],
+        fields=list(header_type.value_type),
+    )
+    ends = pa.array(itertools.accumulate(map(len, headers), initial=0), pa.int32())
+    columns = [
+        pa.array([m.key() for m in msgs], pa.binary()),
+        pa.array([m.value() for m in msgs], pa.binary()),
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        when,
+        pc.subtract(kinds, 1),
+        pa.ListArray.from_arrays(ends, entries, type=header_type),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 # ---------------------------------------------------------------------------

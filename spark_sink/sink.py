@@ -12,6 +12,13 @@ them and does not call the handler. Output and release commands are both made
 from the stored outcomes, so a record is written or released, never both or
 neither, whatever the handler says on a re-run.
 
+Cost per batch. The first run makes one pass over the input: the write of the
+outcomes, which also fingerprints the input and counts the outcomes (Spark's
+observed metrics, `DataFrame.observe`), so nothing is cached or counted apart.
+The output is a second pass, over the stored Parquet; release commands are
+collected only when some outcome failed. A re-run (a marker is there) makes one
+pass more to fingerprint its input before it trusts the stored outcomes.
+
 Exactly-once output. The ok rows of batch N are written with mode overwrite
 to `<output_path>/batch_id=N/`, so a re-run replaces what a crashed attempt
 left rather than adding to it. Readers see the whole output with
@@ -42,12 +49,13 @@ connector). Markers older than `MARKERS_KEPT` batches and outcomes older than
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from py4j.protocol import Py4JJavaError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import NullType, StringType
 
@@ -155,31 +163,63 @@ class CheckpointFiles:
         self._fs.delete(self._path(relative), True)
 
 
+def _fingerprint_columns() -> tuple[Column, Column]:
+    """(count, xor of xxhash64(topic, partition, offset)) over a batch's records."""
+    return (
+        F.count(F.lit(1)).alias("n"),
+        F.coalesce(F.bit_xor(F.xxhash64("topic", "partition", "offset")), F.lit(0)).alias("x"),
+    )
+
+
 def input_fingerprint(records: DataFrame) -> tuple[int, str]:
     """(count, fingerprint) of a batch's records, in one pass. The fingerprint is
     `<count>:<xor of xxhash64(topic, partition, offset)>`: equal for a re-run of the
     batch (same offsets, same dedup state); a marker with another is not this batch's."""
-    row = records.select(
-        F.count(F.lit(1)).alias("n"),
-        F.coalesce(F.bit_xor(F.xxhash64("topic", "partition", "offset")), F.lit(0)).alias("x"),
-    ).first()
+    row = records.select(*_fingerprint_columns()).first()
     assert row is not None  # a global aggregate always has one row
     return int(row.n), f"{row.n}:{row.x}"
 
 
-def count_outcomes(outcomes: DataFrame) -> tuple[int, int]:
-    """(ok, failed) rows of a handler's result, in one pass."""
-    failed = F.col(REASON).isNotNull()
-    row = outcomes.select(
-        F.count_if(~failed).alias("ok"), F.count_if(failed).alias("failed")
-    ).first()
-    assert row is not None
-    return int(row.ok), int(row.failed)
+def _observed(observation: Observation) -> dict[str, Any] | None:
+    """An observation's metrics after the action that ran its plan; None when the optimizer
+    removed the observed node (an empty relation: Spark then has no metrics row)."""
+    try:
+        return observation.get
+    except Py4JJavaError:
+        return None
 
 
 def marker_text(fingerprint: str) -> str:
-    """What a committed marker holds; a marker cut short never equals it."""
+    """What a committed release marker holds; a marker cut short never equals it."""
     return f"{fingerprint} complete"
+
+
+def outcomes_marker_text(fingerprint: str, ok: int, failed: int) -> str:
+    """What a committed outcomes marker holds: the input's fingerprint and the stored
+    outcomes' counts, so a re-run needs no pass to count them. Ends with `complete`:
+    a marker cut short never parses (`parse_outcomes_marker`)."""
+    return f"{fingerprint} ok={ok} failed={failed} complete"
+
+
+def parse_outcomes_marker(text: str | None) -> tuple[str, int, int] | None:
+    """(fingerprint, ok, failed) of a whole outcomes marker; None for a cut or absent one."""
+    found = re.fullmatch(r"(\S+) ok=(\d+) failed=(\d+) complete", text or "")
+    return None if found is None else (found[1], int(found[2]), int(found[3]))
+
+
+@dataclass(frozen=True)
+class StoredOutcomes:
+    """Where a batch's outcomes are stored, and what they hold."""
+
+    uri: str
+    fingerprint: str
+    ok: int
+    failed: int
+
+    @property
+    def records(self) -> int:
+        """Input records of the batch (the handler may have left some out)."""
+        return int(self.fingerprint.split(":", 1)[0])
 
 
 def storable(results: DataFrame) -> DataFrame:
@@ -216,97 +256,111 @@ class BatchSink:
 
     def _process(self, records: DataFrame, batch_id: int) -> None:
         files = CheckpointFiles(records.sparkSession, str(self.checkpoint_dir))
-        records = records.persist()
-        try:
-            count, fingerprint = input_fingerprint(records)
-            if count == 0:
-                return
-            outcomes = self.outcomes(records, batch_id, files, fingerprint).persist()
-            try:
-                ok, failed = split_results(outcomes)
-                written, failures = count_outcomes(outcomes)
-                warn_if_mostly_failed(failed, batch_id, count, failures, self.failure_alarm_share)
-                self.write_output(ok, batch_id)
-                published = self.publish_releases(failed, batch_id, files, fingerprint)
-            finally:
-                outcomes.unpersist()
-            self._prune(files, batch_id)
-            self.counts.batches += 1
-            self.counts.records += count
-            self.counts.failed += failures
-            self.counts.written += written
-            self.counts.releases_published += published
-            logger.info(
-                "batch %d: %d records, %d written, %d failed, %d release commands",
-                batch_id, count, written, failures, published,
-            )  # fmt: skip
-        finally:
-            records.unpersist()
+        stored = self.outcomes(records, batch_id, files)
+        if stored.records == 0:
+            return
+        outcomes = records.sparkSession.read.parquet(stored.uri)
+        ok, failed = split_results(outcomes)
+        warn_if_mostly_failed(
+            failed, batch_id, stored.records, stored.failed, self.failure_alarm_share
+        )
+        self.write_output(ok, batch_id)
+        published = self.publish_releases(failed, batch_id, files, stored)
+        self._prune(files, batch_id)
+        self.counts.batches += 1
+        self.counts.records += stored.records
+        self.counts.failed += stored.failed
+        self.counts.written += stored.ok
+        self.counts.releases_published += published
+        logger.info(
+            "batch %d: %d records, %d written, %d failed, %d release commands",
+            batch_id, stored.records, stored.ok, stored.failed, published,
+        )  # fmt: skip
 
-    def outcomes(
-        self, records: DataFrame, batch_id: int, files: CheckpointFiles, fingerprint: str
-    ) -> DataFrame:
-        """The batch's outcomes, read from the store: the handler's result stored by the
-        first run of this batch, or now (calling the handler) when there is none.
+    def outcomes(self, records: DataFrame, batch_id: int, files: CheckpointFiles) -> StoredOutcomes:
+        """The batch's stored outcomes: the handler's result stored by the first run of
+        this batch, or now (calling the handler) when there is none.
 
         Stored as Parquet in `outcomes/<batch_id>/`, committed by the marker file
-        written after it (holding the input fingerprint); a directory without a
-        whole, matching marker is overwritten."""
+        written after it (the input's fingerprint and the counts); a directory without
+        a whole marker for the same input is overwritten. The first run evaluates the
+        input, the handler and the counts in one pass: the write of the outcomes."""
         where = f"{OUTCOMES_DIR}/{batch_id}"
         marker = f"{where}/{OUTCOMES_MARKER}"
-        stored = files.read_text(marker)
-        if stored == marker_text(fingerprint):
-            logger.info("batch %d: re-run; reusing the outcomes stored by its first run", batch_id)
-            self.counts.outcomes_reused += 1
-        else:
-            if stored is not None:
-                logger.warning(
-                    "batch %d: stored outcomes are incomplete or for other input (%r, now %r);"
-                    " ignoring them", batch_id, stored, marker_text(fingerprint),
-                )  # fmt: skip
-            results = self.apply_handler(records, batch_id)
-            try:
-                results.write.mode("overwrite").parquet(files.uri(where))
-            finally:
-                results.unpersist()
-            files.write_text(marker, marker_text(fingerprint))
-        return records.sparkSession.read.parquet(files.uri(where))
+        text = files.read_text(marker)
+        if text is not None:  # a re-run, or another query's leftovers: compare inputs
+            found = parse_outcomes_marker(text)
+            _, fingerprint = input_fingerprint(records)
+            if found is not None and found[0] == fingerprint:
+                logger.info(
+                    "batch %d: re-run; reusing the outcomes stored by its first run", batch_id
+                )
+                self.counts.outcomes_reused += 1
+                return StoredOutcomes(files.uri(where), *found)
+            logger.warning(
+                "batch %d: stored outcomes are incomplete or for other input (%r, input now %r);"
+                " ignoring them", batch_id, text, fingerprint,
+            )  # fmt: skip
+        stored = self.store_handler_result(records, batch_id, files.uri(where))
+        if stored.records:
+            files.write_text(
+                marker, outcomes_marker_text(stored.fingerprint, stored.ok, stored.failed)
+            )
+        return stored
 
-    def apply_handler(self, records: DataFrame, batch_id: int) -> DataFrame:
-        """The handler's evaluated (cached) result; all records failed if it crashes."""
+    def store_handler_result(self, records: DataFrame, batch_id: int, uri: str) -> StoredOutcomes:
+        """Write the handler's result to `uri` in one pass that also fingerprints the input
+        and counts the outcomes (Spark's observed metrics); all records failed if the
+        handler raises or its result cannot be computed."""
         try:
-            results = self.handler(records)
-            check_result(results)
-            results = storable(results).persist()
-            try:
-                results.count()  # evaluate now, so a failing plan is caught here
-            except BaseException:
-                results.unpersist()
-                raise
-            return results
+            return self._store(records, self._checked_handler, uri)
         except Exception as exc:  # any handler bug must fail the records, not the stream
             logger.exception("batch %d: handler failed, failing all its records", batch_id)
             self.counts.handler_crashes += 1
             reason = f"handler error: {type(exc).__name__}: {exc}"[:REASON_MAX_CHARS]
-            return all_failed(records, reason).persist()
+            return self._store(records, lambda df: storable(all_failed(df, reason)), uri)
+
+    def _checked_handler(self, records: DataFrame) -> DataFrame:
+        results = self.handler(records)
+        check_result(results)
+        return storable(results)
+
+    @staticmethod
+    def _store(records: DataFrame, handler: Handler, uri: str) -> StoredOutcomes:
+        # Fresh observations each attempt: one a failed write never filled would block get.
+        seen, outcome = Observation("dedup_sink_input"), Observation("dedup_sink_outcomes")
+        failed = F.col(REASON).isNotNull()
+        results = handler(records.observe(seen, *_fingerprint_columns())).observe(
+            outcome, F.count_if(~failed).alias("ok"), F.count_if(failed).alias("failed")
+        )
+        results.write.mode("overwrite").parquet(uri)
+        fingerprint, counts = _observed(seen), _observed(outcome)
+        if fingerprint is None:  # the handler's plan cut its input out (e.g. `limit(0)`)
+            fingerprint = dict(zip("nx", input_fingerprint(records)[1].split(":"), strict=True))
+        if counts is None:
+            stored = records.sparkSession.read.parquet(uri)
+            counts = {"ok": stored.where(~failed).count(), "failed": stored.where(failed).count()}
+        return StoredOutcomes(
+            uri, f"{fingerprint['n']}:{fingerprint['x']}", int(counts["ok"]), int(counts["failed"])
+        )
 
     def write_output(self, ok: DataFrame, batch_id: int) -> None:
         """Write the ok rows of `batch_id`, replacing any earlier attempt."""
         ok.write.mode("overwrite").parquet(f"{self.output_path.rstrip('/')}/batch_id={batch_id}")
 
     def publish_releases(
-        self, failed: DataFrame, batch_id: int, files: CheckpointFiles, fingerprint: str
+        self, failed: DataFrame, batch_id: int, files: CheckpointFiles, stored: StoredOutcomes
     ) -> int:
         """Publish the batch's release commands unless its marker says they were; returns
-        how many were published now."""
+        how many were published now. No pass over the outcomes when none failed."""
         marker = f"{RELEASES_DIR}/{batch_id}.done"
-        if files.read_text(marker) == marker_text(fingerprint):
+        if files.read_text(marker) == marker_text(stored.fingerprint):
             logger.info("batch %d: release commands already published, skipping", batch_id)
             return 0
-        commands = release_commands(failed).collect()
+        commands = release_commands(failed).collect() if stored.failed else []
         if commands:
             self._publish(commands, batch_id)
-        files.write_text(marker, marker_text(fingerprint))
+        files.write_text(marker, marker_text(stored.fingerprint))
         return len(commands)
 
     def _publish(self, commands: list[Any], batch_id: int) -> None:

@@ -1,6 +1,7 @@
 """The benchmark's own correctness, not its speed: a small run of every variant
 on a real local stack must forward and drop exactly what the generated traffic
-implies, and write its JSON, chart and table; the report pairs ratios by round."""
+implies, and write its JSON, chart and table; the report pairs ratios by round.
+The spark variants read gateway-3's clean topic of the same round (bench/spark.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from bench.measure import FLOOR, ThroughputRun
 from bench.processes import ScrapedCounts
 from bench.variants import VARIANTS
 
+# The in-process and process variants; the spark ones have their own test (a Spark session).
+GATEWAY_SIDE = [v.name for v in VARIANTS if not v.opt_in and v.kind != "spark"]
+SPARK_SIDE = [v.name for v in VARIANTS if not v.opt_in and v.kind == "spark"]
+
 
 def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -26,13 +31,14 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
         "--rounds", "1", "--latency-seconds", "2", "--warmup-seconds", "0.5",
         "--latency-rates", "500", "--delay-records", "0",
         "--out", str(tmp_path / "out"), "--results-md", str(results_md),
+        "--variants", *GATEWAY_SIDE,
     ])  # fmt: skip
     assert code == 0  # 1 when any run's counts differ from the traffic
 
     written = json.loads((tmp_path / "out" / "results.json").read_text())
     runs = written["runs"]
     assert {(r["variant"], r["share"]) for r in runs} == {
-        (v.name, share) for v in VARIANTS if not v.opt_in for share in (0.0, 0.5)
+        (name, share) for name in GATEWAY_SIDE for share in (0.0, 0.5)
     }
     by_name = {v.name: v for v in VARIANTS}
     for r in runs:
@@ -74,6 +80,43 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     assert "cores busy" in text and "cores allow" in text
     assert "| gateway-3 p99 over broker-floor, ms | 500/s |" in text
     assert "| gateway-3-cluster / gateway-3 |" in text and "cluster member (" in text
+
+
+def test_the_spark_variants_read_gateway_3s_clean_topic_of_the_round_and_write_each_row_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each spark variant read every row gateway-3 wrote in its round (and the record of
+    the one-record batch before it); the job wrote each once and failed none."""
+    monkeypatch.setenv("DEDUP_STATE_DIR", str(tmp_path / "state"))
+    code = run.main([
+        "--records", "2000", "--shares", "0.2", "--rounds", "1", "--latency-seconds", "0",
+        "--delay-records", "0", "--out", str(tmp_path / "out"),
+        "--results-md", str(tmp_path / "RESULTS.md"),
+        "--variants", "gateway-3", *SPARK_SIDE,
+    ])  # fmt: skip
+    assert code == 0
+    written = json.loads((tmp_path / "out" / "results.json").read_text())
+    text = (tmp_path / "RESULTS.md").read_text()
+    (gateway,) = [r for r in written["runs"] if r["variant"] == "gateway-3"]
+    spark = {r["variant"]: r for r in written["runs"] if r["variant"].startswith("spark-")}
+    assert set(spark) == set(SPARK_SIDE) == {"spark-job", "spark-floor"}
+    for r in spark.values():
+        assert r["correct"] and r["forwarded"] == r["records"] == r["expected_forwarded"], r
+        assert gateway["forwarded"] <= r["records"] <= gateway["forwarded"] + 1, r
+        assert r["spark"]["jvm_cpu_s"] > 0 and r["spark"]["workers_cpu_s"] > 0, r
+        assert r["spark"]["batch_fixed_s"] > 0 and r["spark"]["batches"] >= 1, r
+        assert r["spark"]["phases_ms"]["addBatch"] > 0, r
+    assert spark["spark-job"]["spark"]["failed"] == 0  # valid orders: nothing released
+    targets = {t["target"]: t for t in written["targets"]}
+    for name in ("spark-job / spark-floor", "spark-floor / gateway-3", "spark-job / gateway-3",
+                 "Spark fixed cost per micro-batch, s"):  # fmt: skip
+        assert targets[name]["measured"] > 0, name
+    (job,) = [s for s in written["spark"] if s["variant"] == "spark-job"]
+    assert job["cpu_us_per_row"] == pytest.approx(
+        job["driver_cpu_s_us_per_row"] + job["jvm_cpu_s_us_per_row"]
+        + job["workers_cpu_s_us_per_row"]
+    )  # fmt: skip
+    assert "**The Spark half**" in text and "| spark-job / spark-floor |" in text
 
 
 def _run(variant: str, round_no: int, seconds: float) -> ThroughputRun:
