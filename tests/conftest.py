@@ -5,6 +5,7 @@ loopback ports under pytest's temporary folder."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 import logging
 import uuid
@@ -21,6 +22,50 @@ from devtools.localstack import (
     tansu_broker,
     valkey_server_binary,
 )
+
+# `make test` runs the suite on pytest-xdist workers (`-n 4 --dist loadgroup`, see the
+# Makefile); the tests of one xdist_group run on one worker, one after another.
+TESTS = Path(__file__).resolve().parent
+# Shared fixtures cheap enough for every worker to start its own (a Tansu broker
+# starts in milliseconds); any other session or module fixture of ours keeps its
+# tests on one worker, so it is built once (a Spark session costs ~10 s).
+CHEAP_SHARED = frozenset({"broker"})
+# Tests that keep both cores busy for minutes (seeded fault schedules with their own
+# gateway processes, the benchmark runs, the venv-pack build): one at a time, so
+# they never starve each other and time-sensitive tests lose at most one core.
+CPU_HEAVY = ("chaos/test_chaos.py", "bench/", "ops/test_spark_pack.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The worker group of a test: CPU-heavy ones share one; tests that use an
+    expensive shared fixture of ours share one per fixture (per module for a
+    module-scoped one); the rest go wherever a worker is free."""
+    where = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+    if where.startswith(CPU_HEAVY):
+        return "cpu-heavy"
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    groups = []
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name)
+        if not defs or name in CHEAP_SHARED:
+            continue
+        fixturedef = defs[-1]
+        ours = Path(inspect.getfile(fixturedef.func)).resolve().is_relative_to(TESTS)
+        if ours and fixturedef.scope == "session":
+            groups.append(name)
+        elif ours and fixturedef.scope in ("package", "module"):
+            groups.append(item.module.__name__ if isinstance(item, pytest.Function) else where)
+    return "+".join(sorted(set(groups))) or None
 
 
 @pytest.fixture(autouse=True)
