@@ -14,10 +14,10 @@ setup: $(STAMP)
 demo: $(STAMP)  ## the main job on the embedded local stack
 	$(PY) -m devtools.demo $(ARGS)
 
-# The suite waits on servers far more than it computes: 4 pytest-xdist workers on 2
-# cores; tests sharing an expensive fixture or heavy on CPU stay on one worker
+# The suite waits on servers far more than it computes: 6 pytest-xdist workers on 2
+# cores; tests sharing an expensive fixture, and the heavy stacks, stay on one worker
 # (xdist_group, tests/conftest.py). Serially: make test ARGS="-n0"
-PARALLEL ?= -n 4 --dist loadgroup
+PARALLEL ?= -n 6 --dist loadgroup
 test: $(STAMP) lint typecheck  ## what CI runs (.ci/run): lint, strict types, then the suite
 	$(PY) -m pytest $(PARALLEL) $(ARGS)
 
