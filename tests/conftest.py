@@ -38,9 +38,10 @@ CHEAP_SHARED = frozenset({"broker"})
 # on a 300 ms Redis timeout get the cores first.
 CPU_HEAVY = ("chaos/test_chaos.py", "bench/", "ops/test_spark_pack.py")
 HEAVY_NICENESS = 10
-# Of those, the ones that start whole stacks also run one at a time on one worker,
-# so they never starve each other (the venv-pack tests share their module's build).
-ONE_AT_A_TIME = ("chaos/test_chaos.py", "bench/")
+# Of those, the ones that start whole stacks also run one after another, per kind,
+# so that no two schedules (or two benchmark runs) starve each other; the venv-pack
+# tests share their module's build.
+ONE_AT_A_TIME = {"chaos/test_chaos.py": "chaos-schedules", "bench/": "benchmark-runs"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -52,11 +53,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """The worker group of a test: the heavy stacks share one; tests that use an
-    expensive shared fixture of ours share one per fixture (per module for a
+    """The worker group of a test: the heavy stacks one per kind; tests that use an
+    expensive shared fixture of ours one per fixture (per module for a
     module-scoped one); the rest go wherever a worker is free."""
-    if _where(item).startswith(ONE_AT_A_TIME):
-        return "cpu-heavy"
+    where = _where(item)
+    for prefix, group in ONE_AT_A_TIME.items():
+        if where.startswith(prefix):
+            return group
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return None
