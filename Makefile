@@ -14,8 +14,12 @@ setup: $(STAMP)
 demo: $(STAMP)  ## the main job on the embedded local stack
 	$(PY) -m devtools.demo $(ARGS)
 
+# The suite waits on servers far more than it computes: 6 pytest-xdist workers on 2
+# cores; tests sharing an expensive fixture, and the heavy stacks, stay on one worker
+# (xdist_group, tests/conftest.py). Serially: make test ARGS="-n0"
+PARALLEL ?= -n 6 --dist loadgroup
 test: $(STAMP) lint typecheck  ## what CI runs (.ci/run): lint, strict types, then the suite
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(PARALLEL) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

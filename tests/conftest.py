@@ -4,9 +4,12 @@ loopback ports under pytest's temporary folder."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import inspect
 import itertools
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +24,78 @@ from devtools.localstack import (
     tansu_broker,
     valkey_server_binary,
 )
+
+# `make test` runs the suite on pytest-xdist workers (`-n 6 --dist loadgroup`, see the
+# Makefile); the tests of one xdist_group run on one worker, one after another.
+TESTS = Path(__file__).resolve().parent
+# Shared fixtures cheap enough for every worker to start its own (a Tansu broker
+# starts in milliseconds); any other session or module fixture of ours keeps its
+# tests on one worker, so it is built once (a Spark session costs ~10 s).
+CHEAP_SHARED = frozenset({"broker"})
+# Tests that keep the cores busy for a minute or more (seeded fault schedules with
+# their own gateway processes, the benchmark runs, the venv-pack build) run at a
+# lower CPU priority, with every process they start, so that the many tests waiting
+# on a 300 ms Redis timeout get the cores first.
+CPU_HEAVY = ("chaos/test_chaos.py", "bench/", "ops/test_spark_pack.py")
+HEAVY_NICENESS = 10
+# Of those, the ones that start whole stacks also run one after another, per kind,
+# so that no two schedules (or two benchmark runs) starve each other; the venv-pack
+# tests share their module's build.
+ONE_AT_A_TIME = {"chaos/test_chaos.py": "chaos-schedules", "bench/": "benchmark-runs"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The worker group of a test: the heavy stacks one per kind; tests that use an
+    expensive shared fixture of ours one per fixture (per module for a
+    module-scoped one); the rest go wherever a worker is free."""
+    where = _where(item)
+    for prefix, group in ONE_AT_A_TIME.items():
+        if where.startswith(prefix):
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    groups = []
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name)
+        if not defs or name in CHEAP_SHARED:
+            continue
+        fixturedef = defs[-1]
+        ours = Path(inspect.getfile(fixturedef.func)).resolve().is_relative_to(TESTS)
+        if ours and fixturedef.scope == "session":
+            groups.append(name)
+        elif ours and fixturedef.scope in ("package", "module"):
+            groups.append(item.module.__name__ if isinstance(item, pytest.Function) else "")
+    return "+".join(sorted(set(groups))) or None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """A CPU-heavy test, its fixtures included, at HEAVY_NICENESS more than the rest."""
+    if not _where(item).startswith(CPU_HEAVY):
+        return (yield)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, before + HEAVY_NICENESS)
+    try:
+        return (yield)
+    finally:
+        # Back to normal for the worker's next tests; only root may lower the
+        # niceness again, elsewhere the worker stays nice (slower, never wrong).
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, 0, before)
+
+
+def _where(item: pytest.Item) -> str:
+    """The test's file relative to tests/ ("" for one outside it)."""
+    return item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
 
 
 @pytest.fixture(autouse=True)
