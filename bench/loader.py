@@ -10,6 +10,7 @@ Prints one JSON line at the end: what was produced.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -44,12 +45,19 @@ def produce_at_rate(
             else:
                 message_id = f"lat-{produced}"
                 issued.append(message_id)
-            producer.produce(
+            send = functools.partial(
+                producer.produce,
                 topic,
                 key=b"k-%d" % rng.randrange(1000),
                 value=template % message_id.encode(),
                 headers=[("message-id", message_id.encode())],
             )
+            while True:
+                try:
+                    send()
+                    break
+                except BufferError:  # the client's queue is full: wait for acks to drain it
+                    producer.poll(0.05)
             produced += 1
         producer.poll(0)
         time.sleep(max(0.0, TICK_S - (time.monotonic() - started - elapsed)))

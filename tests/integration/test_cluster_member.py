@@ -40,8 +40,13 @@ SERVERS = ["redis-server", "valkey-server"]
 
 
 def cluster_quorum(cluster: RedisClusterProcesses, **redis: Any) -> Quorum:
-    """A quorum of the cluster member alone: what a gateway's calls to it do."""
-    return Quorum(load_settings(redis={"nodes": [cluster.url], **redis}).redis, Metrics())
+    """A quorum of the cluster member alone: what a gateway's calls to it do.
+
+    Its calls may take 5 s (`[redis] timeout`) unless a test sets its own: these tests
+    check what the scripts answer, and a first call on a fresh cluster (connections,
+    slot map, script loads) can outlast a tight timeout on a loaded machine."""
+    settings = load_settings(redis={"nodes": [cluster.url], "timeout": "5s", **redis})
+    return Quorum(settings.redis, Metrics())
 
 
 async def owners_on(
@@ -373,7 +378,7 @@ async def test_a_hung_master_holds_back_only_its_own_groups_calls(redis_clusters
     stops answering (SIGSTOP) costs its own groups' records their answer, after
     `[redis] timeout`, and nothing else; once it answers again, so do they."""
     cluster = redis_clusters(3)
-    quorum = cluster_quorum(cluster, cluster_groups=16, timeout="300ms")
+    quorum = cluster_quorum(cluster, cluster_groups=16, timeout="2s")
     try:
         n = 1200
         digests = [mark_digest(f"h-{k}".encode()) for k in range(n)]
