@@ -1,0 +1,126 @@
+"""Configuration changes while records wait, against the real broker and redis-servers,
+the gateway a real process restarted with the new settings: a tier removed from
+`[delay] tiers` is still drained (every record delivered once, when due), and
+windowed records met with `[coalesce]` switched off are delivered as plain delayed
+records at their window's close, not quarantined."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+
+from aiokafka import AIOKafkaProducer
+
+from devtools.harness import Topics, start_process, write_toml
+from devtools.topics import read_topic, wait_committed
+from gateway.delay.coalescer import now_ms
+from gateway.rules.tiers import tier_topics
+from tests.conftest import redis_urls
+from tests.integration.test_coalesce import coalesce_settings
+from tests.integration.test_delay import TIERS, create_all, delay_settings, poll, reading
+
+JOINED = "delay tier partitions assigned"
+
+
+async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_once_when_due(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    nodes = redis_urls(redis_servers(3))
+    before = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    after = delay_settings(
+        broker, topics, nodes, kafka={"session_timeout": "2s"}, delay={"tiers": TIERS[:-1]}
+    )
+    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
+    removed = tier_topics(before)[-1]
+    assert removed not in tier_topics(after)
+    log = tmp_path / "gateway.log"
+    proc = start_process(write_toml(tmp_path / "before.toml", before), log)
+    due_of: dict[str, int] = {}
+    try:
+        async with reading(broker, topics.clean) as seen:
+            await poll(lambda: JOINED in log.read_text(), 60, "the gateway joined", proc)
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:
+                for n in range(20):  # 20 s or more left: the 16s tier
+                    ts = now_ms()
+                    due_of[f"t-{n}"] = ts + 20_000 + 100 * n
+                    headers = [("message-id", f"t-{n}".encode()),
+                               ("deliver-at", str(due_of[f"t-{n}"]).encode())]  # fmt: skip
+                    await producer.send_and_wait(topics.raw, b"v", timestamp_ms=ts, headers=headers)
+            finally:
+                await producer.stop()
+            await wait_committed(broker, topics.group, topics.raw, {0: 20})
+            assert len(await read_topic(broker, removed)) == 20, "the records wait in that tier"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            proc = start_process(write_toml(tmp_path / "after.toml", after), log)
+            await poll(lambda: log.read_text().count(JOINED) == 2, 60, "the restart", proc)
+            last_due = max(due_of.values())
+            await poll(lambda: len(seen.records) >= 20, (last_due - now_ms()) / 1000 + 30,
+                       "every waiting record delivered", proc)  # fmt: skip
+            assert f"tier topic(s) {removed} are not in [delay] tiers" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in seen.records)
+    assert delivered == Counter(set(due_of)), "each waiting record once"
+    for rec, read_ms in seen.records:
+        assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
+    assert await read_topic(broker, topics.quarantine) == []
+
+
+async def test_windowed_records_waiting_when_coalescing_is_switched_off_are_delivered_once(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    nodes = redis_urls(redis_servers(3))
+    window_ms = 10_000
+    before = coalesce_settings(broker, topics, nodes, window_ms=window_ms, session_timeout="2s")
+    after = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    assert before.coalesce.enabled and not after.coalesce.enabled
+    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
+    log = tmp_path / "gateway.log"
+    proc = start_process(write_toml(tmp_path / "before.toml", before), log)
+    start = (now_ms() // window_ms + 1) * window_ms  # the next window: all updates in it
+    sent: dict[str, bytes] = {}
+    try:
+        async with reading(broker, topics.clean) as seen:
+            await poll(lambda: JOINED in log.read_text(), 60, "the gateway joined", proc)
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:
+                for k in range(5):
+                    for u in range(3):  # three versions of each entity in one window
+                        message_id = f"e{k}-u{u}"
+                        sent[message_id] = json.dumps({"key": k, "update": u}).encode()
+                        headers = [("message-id", message_id.encode()),
+                                   ("entity-id", f"e{k}".encode())]  # fmt: skip
+                        await producer.send_and_wait(
+                            topics.raw, sent[message_id], timestamp_ms=start + 100 * u,
+                            headers=headers,
+                        )  # fmt: skip
+            finally:
+                await producer.stop()
+            await wait_committed(broker, topics.group, topics.raw, {0: len(sent)})
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            assert now_ms() < start + window_ms, "the windows closed before the restart"
+            proc = start_process(write_toml(tmp_path / "after.toml", after), log)
+            closes_in_s = (start + window_ms - now_ms()) / 1000
+            await poll(lambda: len(seen.records) >= len(sent), closes_in_s + 30, "every version", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in seen.records)
+    assert delivered == Counter(set(sent)), "each version once"
+    for rec, read_ms in seen.records:
+        headers = dict(rec.headers)
+        assert rec.value == sent[headers["dedup-id"].decode()]
+        due = int(headers["dedup-deliver-at"])
+        assert due >= start + window_ms and read_ms >= due, "delivered before its window closed"
+        assert "dedup-window" not in headers and "dedup-coalesced" not in headers
+    assert await read_topic(broker, topics.quarantine) == []
+    assert "[coalesce] is off" in log.read_text()
