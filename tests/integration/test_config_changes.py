@@ -110,7 +110,8 @@ async def test_windowed_records_waiting_when_coalescing_is_switched_off_are_deli
             assert now_ms() < start + window_ms, "the windows closed before the restart"
             proc = start_process(write_toml(tmp_path / "after.toml", after), log)
             closes_in_s = (start + window_ms - now_ms()) / 1000
-            await poll(lambda: len(seen.records) >= len(sent), closes_in_s + 30, "every version", proc)
+            everything = len(sent)
+            await poll(lambda: len(seen.records) >= everything, closes_in_s + 30, "all", proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
