@@ -2,10 +2,12 @@
 the gateway a real process restarted with the new settings: a tier removed from
 `[delay] tiers` is still drained (every record delivered once, when due), and
 windowed records met with `[coalesce]` switched off are delivered as plain delayed
-records at their window's close, not quarantined."""
+records at their window's close, not quarantined; `check-config --connect` warns
+of a tier topic the settings no longer name."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from collections import Counter
@@ -13,12 +15,14 @@ from collections import Counter
 from aiokafka import AIOKafkaProducer
 
 from devtools.harness import Topics, start_process, write_toml
-from devtools.topics import read_topic, wait_committed
+from devtools.topics import create_topics, read_topic, wait_committed
+from gateway.cli import main
 from gateway.delay.coalescer import now_ms
 from gateway.rules.tiers import tier_topics
 from tests.conftest import redis_urls
 from tests.integration.test_coalesce import coalesce_settings
 from tests.integration.test_delay import TIERS, create_all, delay_settings, poll, reading
+from tests.integration.test_first_hour import bounded, run, write_config
 
 JOINED = "delay tier partitions assigned"
 
@@ -125,3 +129,31 @@ async def test_windowed_records_waiting_when_coalescing_is_switched_off_are_deli
         assert "dedup-window" not in headers and "dedup-coalesced" not in headers
     assert await read_topic(broker, topics.quarantine) == []
     assert "[coalesce] is off" in log.read_text()
+
+
+def test_check_config_warns_of_a_tier_topic_the_settings_no_longer_name(
+    broker, names, tmp_path, redis_servers, capsys
+):
+    servers = redis_servers(1)
+    bounded(servers)
+    prefix = names("left")
+    nodes = redis_urls(servers)
+    config = str(write_config(tmp_path / "g.toml", broker, prefix, nodes, delay=True))
+    assert main(["topics", "--config", config, "--create", "--partitions", "1"]) == 0
+    removed, odd = f"{prefix}-clean.delay.16s", f"{prefix}-clean.delay.60s"  # 60s: not a tier name
+    asyncio.run(create_topics(broker, {removed: 1, odd: 1}))
+    capsys.readouterr()
+    code, out = run(capsys, "check-config", "--config", config, "--connect")
+    assert code == 1, out  # a warning only: it runs, and drains that tier
+    (line,) = [line for line in out.splitlines() if line.startswith("WARN")]
+    assert line.startswith(f"WARN  topic {removed}: a delay tier that [delay] tiers no longer")
+    # [delay] switched off: every tier of the clean topic is stranded.
+    off = str(write_config(tmp_path / "off.toml", broker, prefix, nodes, delay=False))
+    assert main(["topics", "--config", off, "--create", "--partitions", "1"]) == 0
+    capsys.readouterr()
+    code, out = run(capsys, "check-config", "--config", off, "--connect")
+    assert code == 1, out
+    warned = sorted(line.split(":")[0] for line in out.splitlines() if line.startswith("WARN"))
+    tiers = [f"{prefix}-clean.delay.{t}" for t in ("16s", "1m", "1s")]
+    assert warned == [f"WARN  topic {t}" for t in tiers]
+    assert "[delay] is off: records waiting in it are never delivered" in out
