@@ -8,7 +8,8 @@ tier naming rule `<clean_topic>.delay.<tier>` and is left over:
 - of the configured `clean_topic` but a tier `[delay] tiers` no longer lists
   (a tier removed, or its delay changed);
 - of another clean topic, when the delay group (`<group_id>.delay`) has committed
-  offsets on it: the tiers of a `clean_topic` that was renamed.
+  offsets on one of that clean topic's tiers: the tiers of a `clean_topic` that
+  was renamed (all of them: a tier that never had a record moved on has none).
 
 A left-over tier's records take their step by the delay of the tier they
 entered (its name says it), then move on through the configured tiers like any
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import defaultdict
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -65,14 +67,30 @@ async def leftover_tiers(
     topics = set(topics)
     found = unnamed_tiers(settings, topics)
     configured = set(tier_topics(settings))
-    others = {
-        topic: tier[1]
-        for topic in sorted(topics - configured - set(found))
-        if (tier := tier_of(topic)) is not None
-    }
-    for topic, ms in others.items():
-        partitions = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
-        committed = await asyncio.gather(*(consumer.committed(tp) for tp in partitions))
-        if any(offset is not None for offset in committed):
-            found[topic] = ms
+    by_clean: dict[str, dict[str, int]] = defaultdict(dict)
+    for topic in sorted(topics - configured - set(found)):
+        if (tier := tier_of(topic)) is not None:
+            by_clean[tier[0]][topic] = tier[1]
+    for tiers in by_clean.values():
+        for topic in tiers:
+            if await _committed_on(consumer, topic):
+                found.update(tiers)  # a clean topic's tiers are one set: all of them
+                break
     return found
+
+
+def read_clean_topics(settings: Settings, committed: Iterable[str]) -> set[str]:
+    """The other clean topics whose tiers the delay group read: of the topics it has
+    committed offsets on (`committed`), those named like a tier, by their clean topic."""
+    configured = set(tier_topics(settings))
+    return {
+        tier[0]
+        for topic in committed
+        if topic not in configured and (tier := tier_of(topic)) is not None
+    }
+
+
+async def _committed_on(consumer: AIOKafkaConsumer, topic: str) -> bool:
+    partitions = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+    committed = await asyncio.gather(*(consumer.committed(tp) for tp in partitions))
+    return any(offset is not None for offset in committed)

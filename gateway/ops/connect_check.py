@@ -33,12 +33,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from gateway.config import Settings
-from gateway.delay.leftovers import tier_of, unnamed_tiers
+from gateway.delay.leftovers import read_clean_topics, tier_of, unnamed_tiers
 from gateway.member_urls import member_name
 from gateway.ops.topics import admin_client, existing_topics, needed_topics
 from gateway.quorum import scripts
 from gateway.quorum.members import client_for, node_client_for
-from gateway.rules.tiers import tier_topics
 
 CHECK_TIMEOUT_S = 5.0
 SLOTS = 16384
@@ -356,10 +355,8 @@ async def _leftover_findings(admin: AIOKafkaAdminClient, settings: Settings) -> 
         read = await admin.list_consumer_group_offsets(f"{settings.kafka.group_id}.delay")
     except KafkaError:
         read = {}
-    configured = set(tier_topics(settings))
-    leftover |= {
-        tp.topic for tp in read if tp.topic not in configured and tier_of(tp.topic) is not None
-    }
+    others = read_clean_topics(settings, {tp.topic for tp in read})
+    leftover |= {t for t in listed if (tier := tier_of(t)) is not None and tier[0] in others}
     return [
         warn(
             f"topic {topic}",

@@ -1,6 +1,7 @@
 """Configuration changes while records wait, against the real broker and redis-servers,
 the gateway a real process restarted with the new settings: a tier removed from
-`[delay] tiers` is still drained (every record delivered once, when due), and
+`[delay] tiers` is still drained (every record delivered once, when due), so are
+the tiers of a renamed clean topic (into the new one), and
 windowed records met with `[coalesce]` switched off are delivered as plain delayed
 records at their window's close, not quarantined; `check-config --connect` warns
 of a tier topic the settings no longer name."""
@@ -72,6 +73,55 @@ async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_on
     delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in seen.records)
     assert delivered == Counter(set(due_of)), "each waiting record once"
     for rec, read_ms in seen.records:
+        assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
+    assert await read_topic(broker, topics.quarantine) == []
+
+
+async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    nodes = redis_urls(redis_servers(3))
+    renamed = names("clean-renamed")
+    before = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    after = delay_settings(
+        broker, topics, nodes, kafka={"session_timeout": "2s", "clean_topic": renamed}
+    )
+    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
+    await create_topics(broker, {renamed: 1, **dict.fromkeys(tier_topics(after), 2)})
+    log = tmp_path / "gateway.log"
+    proc = start_process(write_toml(tmp_path / "before.toml", before), log)
+    due_of: dict[str, int] = {}
+    try:
+        async with reading(broker, topics.clean) as old, reading(broker, renamed) as new:
+            await poll(lambda: JOINED in log.read_text(), 60, "the gateway joined", proc)
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:  # one record through the 1s tier: the delay group commits on a tier
+                warm_up = [("message-id", b"warm-up"), ("deliver-after", b"1500ms")]
+                await producer.send_and_wait(topics.raw, b"w", headers=warm_up)
+                await poll(lambda: len(old.records) == 1, 30, "the warm-up record", proc)
+                for n in range(10):  # 20 s or more left: the old 16s tier
+                    ts = now_ms()
+                    due_of[f"r-{n}"] = ts + 20_000 + 100 * n
+                    headers = [("message-id", f"r-{n}".encode()),
+                               ("deliver-at", str(due_of[f"r-{n}"]).encode())]  # fmt: skip
+                    await producer.send_and_wait(topics.raw, b"v", timestamp_ms=ts, headers=headers)
+            finally:
+                await producer.stop()
+            await wait_committed(broker, topics.group, topics.raw, {0: 11})
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            proc = start_process(write_toml(tmp_path / "after.toml", after), log)
+            wait_s = (max(due_of.values()) - now_ms()) / 1000 + 30
+            await poll(lambda: len(new.records) >= 10, wait_s, "every waiting record", proc)
+            assert len(old.records) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in new.records)
+    assert delivered == Counter(set(due_of)), "each waiting record once, on the new clean topic"
+    for rec, read_ms in new.records:
         assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
     assert await read_topic(broker, topics.quarantine) == []
 
