@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 
 from aiokafka import AIOKafkaProducer
@@ -61,7 +64,15 @@ async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_on
             assert len(await read_topic(broker, removed)) == 20, "the records wait in that tier"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
-            proc = start_process(write_toml(tmp_path / "after.toml", after), log)
+            after_toml = write_toml(tmp_path / "after.toml", after)
+            shown = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "gateway", "inspect", "t-0", "--config", str(after_toml)],
+                capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"},
+            )  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+            assert removed in shown.stdout, "inspect lists a record waiting in a left-over tier"
+            proc = start_process(after_toml, log)
             await poll(lambda: log.read_text().count(JOINED) == 2, 60, "the restart", proc)
             last_due = max(due_of.values())
             await poll(lambda: len(seen.records) >= 20, (last_due - now_ms()) / 1000 + 30,
