@@ -71,11 +71,11 @@ async def leftover_tiers(
     for topic in sorted(topics - configured - set(found)):
         if (tier := tier_of(topic)) is not None:
             by_clean[tier[0]][topic] = tier[1]
-    for tiers in by_clean.values():
-        for topic in tiers:
-            if await _committed_on(consumer, topic):
-                found.update(tiers)  # a clean topic's tiers are one set: all of them
-                break
+    candidates = [(clean, topic) for clean, tiers in by_clean.items() for topic in tiers]
+    # Side by side: a shared broker may hold many deployments' tiers.
+    read = await asyncio.gather(*(_committed_on(consumer, topic) for _, topic in candidates))
+    for clean in {clean for (clean, _), yes in zip(candidates, read, strict=True) if yes}:
+        found.update(by_clean[clean])  # a clean topic's tiers are one set: all of them
     return found
 
 
