@@ -17,7 +17,10 @@ first waits is a duplicate, and the record that waits is the first one.
   left, so that is entry + delay in every tier (arrival order is step order:
   the head of a tier partition steps first), except records with less than the
   smallest tier left, which step when due.
-- **The delay loop** (`DelayLoop`, group `<group_id>.delay`) reads every tier.
+- **The delay loop** (`DelayLoop`, group `<group_id>.delay`) reads every tier,
+  and the tier topics the configuration no longer names until they are empty
+  (gateway/delay/leftovers.py). A coalesced record met with `[coalesce]` off is
+  delivered when due (its window's close) as a plain delayed record.
   A record whose step is more than one smallest tier ahead stops its partition:
   seek to it, pause, resume when it comes within that lead (and at least every
   `PEEK_EVERY_MS`, which refreshes the high watermark). Nearer records are held
@@ -62,6 +65,7 @@ from gateway.contract.records import (
 )
 from gateway.delay.coalescer import WINDOW_EXPIRED, Verdict, now_ms
 from gateway.delay.coalescer import Coalescer as Closer
+from gateway.delay.leftovers import leftover_tiers
 from gateway.kafka.clients import build_consumer, stop_within, unless_stopped
 from gateway.kafka.offsets import (
     DueQueue,
@@ -124,8 +128,11 @@ class DelayLoop:
         sink: Sink,
         metrics: Metrics,
         closer: Closer | None = None,
+        leftover: Mapping[str, int] | None = None,
     ) -> None:
         self.closer = closer
+        self.leftover = dict(leftover or {})  # tier topics no longer configured -> delay ms
+        self._unclosed_logged = False
         self.consumer = consumer
         self.sink = sink
         self.metrics = metrics
@@ -209,7 +216,7 @@ class DelayLoop:
         if tp not in self.consumer.assignment():
             return False  # revoked while fetched: its new owner reads it from the commit
         part = self.book.of(tp)
-        tier_ms = self.tiers.ms[self.tiers.by_topic[tp.topic]]
+        tier_ms = self._tier_ms(tp.topic)
         for rec in records:
             if self._full():
                 self._pause(tp, part, rec.offset, now + FULL_RETRY_MS)
@@ -250,6 +257,15 @@ class DelayLoop:
         if not bad:  # unreadable now, or moved meanwhile (a rebalance): the next fetch tells
             await wait_or_stop(stop, FETCH_TIMEOUT_MS / 1000)
 
+    def _tier_ms(self, topic: str) -> int:
+        index = self.tiers.by_topic.get(topic)
+        return self.tiers.ms[index] if index is not None else self.leftover[topic]
+
+    def _label(self, topic: str) -> str:
+        """A tier's metric label: its delay, or a left-over tier's topic."""
+        index = self.tiers.by_topic.get(topic)
+        return self.tiers.labels[index] if index is not None else topic
+
     def _held(self, rec: Record, tier_ms: int) -> _Held:
         size = _size(rec)
         try:
@@ -257,11 +273,23 @@ class DelayLoop:
             step = next_step_ms(_int_header(rec.headers, H_TIER_AT), tier_ms, due)
             window = any(k == H_WINDOW for k, _ in rec.headers)
             if window and self.closer is None:
-                raise ValueError("a coalesced record, but [coalesce] is not enabled here")
+                # [coalesce] switched off while it waited: no window closes it, so it is
+                # delivered when due (its window's close) as a plain delayed record.
+                window = False
+                self._log_unclosed(rec)
         except ValueError as exc:
             # Not written by a gateway: set it aside now rather than stop the tier.
             return _Held(0, rec, 0, size, f"bad_tier_record: {exc}")
         return _Held(step, rec, due, size, window=window)
+
+    def _log_unclosed(self, rec: Record) -> None:
+        if not self._unclosed_logged:
+            self._unclosed_logged = True
+            logger.warning(
+                "coalesced tier records (first: %s) but [coalesce] is off: each is delivered "
+                "at its window's close as a plain delayed record, every version",
+                source_ref(rec.topic, rec.partition, rec.offset),
+            )
 
     def _pause(self, tp: TopicPartition, part: _Partition, offset: int, until_ms: int) -> None:
         # Seek too: records of this partition already fetched stay buffered otherwise.
@@ -292,7 +320,7 @@ class DelayLoop:
                 closing.append(held)  # its window's close is decided below
                 continue
             elif held.due_ms <= now:
-                moves[self.clean_topic].append(_copy(rec, tier_at_ms=None))
+                moves[self.clean_topic].append(_copy(rec, tier_at_ms=None, window=False))
                 to_clean.append(held)
             elif (tier := pick_tier(held.due_ms - now, self.tiers.ms)) is None:
                 held.step_ms = held.due_ms  # less than any tier left: wait here
@@ -391,13 +419,13 @@ class DelayLoop:
             return
         self._report_due = now + REPORT_EVERY_S
         self.metrics.delay_held.set(len(self.held))
-        backlog = dict.fromkeys(self.tiers.labels, 0)
+        backlog = dict.fromkeys([*self.tiers.labels, *self.leftover], 0)
         for tp in self.consumer.assignment():
             part = self.parts.get(tp)
             high = self.consumer.highwater(tp)
             point = part.commit_point() if part is not None else None
             if high is not None and point is not None:
-                backlog[self.tiers.labels[self.tiers.by_topic[tp.topic]]] += max(0, high - point)
+                backlog[self._label(tp.topic)] += max(0, high - point)
         for label, records in backlog.items():
             self.metrics.delay_backlog.labels(label).set(records)
 
@@ -413,10 +441,13 @@ def _size(rec: Record) -> int:
     return len(rec.key or b"") + len(rec.value or b"") + sum(len(v) for _, v in rec.headers)
 
 
-def _copy(rec: Record, tier_at_ms: int | None) -> OutRecord:
+def _copy(rec: Record, tier_at_ms: int | None, window: bool = True) -> OutRecord:
     """A tier record's next copy: key, value, raw timestamp and headers kept; the tier
-    entry time replaced (another tier) or dropped (the clean topic)."""
+    entry time replaced (another tier) or dropped (the clean topic). `window=False`:
+    without `dedup-window` (a coalesced record delivered unclosed, coalescing off)."""
     headers = _replace_tier_at(rec.headers, tier_at_ms)
+    if not window:
+        headers = [(k, v) for k, v in headers if k != H_WINDOW]
     return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
 
 
@@ -449,7 +480,15 @@ async def start_delay_loop(
             f"delay.tiers: tier topic(s) {', '.join(missing)} do not exist; create them "
             "(README, Scheduled delivery) or change [delay] tiers"
         )
-    loop = DelayLoop(settings, consumer, sink, metrics, closer)
-    consumer.subscribe(topics, listener=loop.listener())
+    leftover = await leftover_tiers(consumer, settings, existing)
+    loop = DelayLoop(settings, consumer, sink, metrics, closer, leftover)
+    consumer.subscribe([*topics, *sorted(leftover)], listener=loop.listener())
     logger.info("scheduled delivery: tiers %s, group %s.delay", ", ".join(topics), kafka.group_id)
+    if leftover:
+        logger.warning(
+            "tier topic(s) %s are not in [delay] tiers: read until empty, their records "
+            "delivered when due to %s; delete them once their dedup_delay_backlog_records is 0 "
+            "(docs/operations.md, Changing the configuration safely)",
+            ", ".join(sorted(leftover)), kafka.clean_topic,
+        )  # fmt: skip
     return loop

@@ -16,6 +16,7 @@ from gateway.contract.records import (
     H_TIER_AT,
     Record,
 )
+from gateway.delay.leftovers import leftover_tiers
 from gateway.kafka.clients import build_consumer, partitions_of
 from gateway.progress import Progress
 from gateway.rules.tiers import (
@@ -64,8 +65,12 @@ async def find_waiting(
     await consumer.start()
     scan = Scan([], 0, True)
     try:
+        # Left-over tiers too (gateway/delay/leftovers.py): the delay loop drains them.
+        leftover = await leftover_tiers(consumer, settings, await consumer.topics())
+        tier_of_topic = {t: (tiers.labels[i], tiers.ms[i]) for t, i in tiers.by_topic.items()}
+        tier_of_topic |= {topic: (topic, ms) for topic, ms in leftover.items()}
         tps = []
-        for topic in tiers.topics:
+        for topic in tier_of_topic:
             try:
                 tps += [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
             except TimeoutError as exc:
@@ -82,9 +87,9 @@ async def find_waiting(
                 scan.scanned += len(records)
                 if progress is not None:
                     progress.advance(len(records))
-                tier = tiers.by_topic[tp.topic]
+                label, tier_ms = tier_of_topic[tp.topic]
                 scan.waiting.extend(
-                    _waiting(rec, tiers.labels[tier], tiers.ms[tier])
+                    _waiting(rec, label, tier_ms)
                     for rec in records
                     if dict(rec.headers).get(H_ID) == message_id
                 )

@@ -8,8 +8,10 @@ checks above on every master; `maxmemory-policy` (anything but `noeviction`
 evicts marks: copies would pass). Per broker: it answers; every topic of
 `dedup-gateway topics` exists, clean topics have at least as many partitions as
 their raw topics, delay tiers keep records longer than their delay, no raw
-topic is compacted; the consumer groups can be described (so the user may
-use them). It never joins a group: that would rebalance running gateways.
+topic is compacted; no tier topic is left over from an earlier configuration
+(a tier removed, the clean topic renamed: drained, then to delete; `[delay]`
+off while a tier holds records: stranded); the consumer groups can be
+described (so the user may use them). It never joins a group: that would rebalance running gateways.
 
 One `Finding` per check, worst first in the exit code (`exit_code`).
 """
@@ -31,6 +33,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from gateway.config import Settings
+from gateway.delay.leftovers import read_clean_topics, tier_of, unnamed_tiers
 from gateway.member_urls import member_name
 from gateway.ops.topics import admin_client, existing_topics, needed_topics
 from gateway.quorum import scripts
@@ -326,8 +329,43 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
             )
     present = sum(1 for s in specs if s.name in existing)
     findings.append(ok("kafka", f"{present} of {len(specs)} topics exist"))
+    findings += await _leftover_findings(admin, settings)
     findings += await _group_findings(admin, settings)
     return findings
+
+
+async def _leftover_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:
+    """Tier topics the settings no longer name (gateway/delay/leftovers.py): drained by
+    the delay loop, then to delete; with `[delay]` off, stranded."""
+    clean = settings.kafka.clean_topic
+    runbook = "docs/operations.md, Changing the configuration safely"
+    listed = set(await admin.list_topics())
+    if not settings.delay.enabled:
+        stranded = sorted(t for t in listed if (tier := tier_of(t)) and tier[0] == clean)
+        return [
+            warn(
+                f"topic {topic}",
+                "a delay tier, but [delay] is off: records waiting in it are never delivered "
+                f"and their ids stay claimed; keep [delay] on until it is empty ({runbook})",
+            )
+            for topic in stranded
+        ]
+    leftover = set(unnamed_tiers(settings, listed))
+    try:  # the tiers of a renamed clean topic: the delay group read them
+        read = await admin.list_consumer_group_offsets(f"{settings.kafka.group_id}.delay")
+    except KafkaError:
+        read = {}
+    others = read_clean_topics(settings, {tp.topic for tp in read})
+    leftover |= {t for t in listed if (tier := tier_of(t)) is not None and tier[0] in others}
+    return [
+        warn(
+            f"topic {topic}",
+            "a delay tier that [delay] tiers no longer names: the gateway reads it until it "
+            f"is empty, delivering to {clean}; delete it once its "
+            f'dedup_delay_backlog_records{{tier="{topic}"}} is 0 ({runbook})',
+        )
+        for topic in sorted(leftover)
+    ]
 
 
 async def _topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:

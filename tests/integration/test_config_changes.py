@@ -1,0 +1,220 @@
+"""Configuration changes while records wait, against the real broker and redis-servers,
+the gateway a real process restarted with the new settings: a tier removed from
+`[delay] tiers` is still drained (every record delivered once, when due), so are
+the tiers of a renamed clean topic (into the new one), and
+windowed records met with `[coalesce]` switched off are delivered as plain delayed
+records at their window's close, not quarantined; `check-config --connect` warns
+of a tier topic the settings no longer name."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+from aiokafka import AIOKafkaProducer
+
+from devtools.harness import Topics, start_process, write_toml
+from devtools.topics import create_topics, read_topic, wait_committed
+from gateway.cli import main
+from gateway.delay.coalescer import now_ms
+from gateway.rules.tiers import tier_topics
+from tests.conftest import redis_urls
+from tests.integration.test_coalesce import coalesce_settings
+from tests.integration.test_delay import TIERS, create_all, delay_settings, poll, reading
+from tests.integration.test_first_hour import bounded, run, write_config
+
+JOINED = "delay tier partitions assigned"
+
+
+async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_once_when_due(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    nodes = redis_urls(redis_servers(3))
+    before = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    after = delay_settings(
+        broker, topics, nodes, kafka={"session_timeout": "2s"}, delay={"tiers": TIERS[:-1]}
+    )
+    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
+    removed = tier_topics(before)[-1]
+    assert removed not in tier_topics(after)
+    log = tmp_path / "gateway.log"
+    proc = start_process(write_toml(tmp_path / "before.toml", before), log)
+    due_of: dict[str, int] = {}
+    try:
+        async with reading(broker, topics.clean) as seen:
+            await poll(lambda: JOINED in log.read_text(), 60, "the gateway joined", proc)
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:
+                for n in range(20):  # 20 s or more left: the 16s tier
+                    ts = now_ms()
+                    due_of[f"t-{n}"] = ts + 20_000 + 100 * n
+                    headers = [("message-id", f"t-{n}".encode()),
+                               ("deliver-at", str(due_of[f"t-{n}"]).encode())]  # fmt: skip
+                    await producer.send_and_wait(topics.raw, b"v", timestamp_ms=ts, headers=headers)
+            finally:
+                await producer.stop()
+            await wait_committed(broker, topics.group, topics.raw, {0: 20})
+            assert len(await read_topic(broker, removed)) == 20, "the records wait in that tier"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            after_toml = write_toml(tmp_path / "after.toml", after)
+            shown = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "gateway", "inspect", "t-0", "--config", str(after_toml)],
+                capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"},
+            )  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+            assert removed in shown.stdout, "inspect lists a record waiting in a left-over tier"
+            proc = start_process(after_toml, log)
+            await poll(lambda: log.read_text().count(JOINED) == 2, 60, "the restart", proc)
+            last_due = max(due_of.values())
+            await poll(lambda: len(seen.records) >= 20, (last_due - now_ms()) / 1000 + 30,
+                       "every waiting record delivered", proc)  # fmt: skip
+            assert f"tier topic(s) {removed} are not in [delay] tiers" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in seen.records)
+    assert delivered == Counter(set(due_of)), "each waiting record once"
+    for rec, read_ms in seen.records:
+        assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
+    assert await read_topic(broker, topics.quarantine) == []
+
+
+async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    nodes = redis_urls(redis_servers(3))
+    renamed = names("clean-renamed")
+    before = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    after = delay_settings(
+        broker, topics, nodes, kafka={"session_timeout": "2s", "clean_topic": renamed}
+    )
+    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
+    await create_topics(broker, {renamed: 1, **dict.fromkeys(tier_topics(after), 2)})
+    log = tmp_path / "gateway.log"
+    proc = start_process(write_toml(tmp_path / "before.toml", before), log)
+    due_of: dict[str, int] = {}
+    try:
+        async with reading(broker, topics.clean) as old, reading(broker, renamed) as new:
+            await poll(lambda: JOINED in log.read_text(), 60, "the gateway joined", proc)
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:  # one record through the 1s tier: the delay group commits on a tier
+                warm_up = [("message-id", b"warm-up"), ("deliver-after", b"1500ms")]
+                await producer.send_and_wait(topics.raw, b"w", headers=warm_up)
+                await poll(lambda: len(old.records) == 1, 30, "the warm-up record", proc)
+                for n in range(10):  # 20 s or more left: the old 16s tier
+                    ts = now_ms()
+                    due_of[f"r-{n}"] = ts + 20_000 + 100 * n
+                    headers = [("message-id", f"r-{n}".encode()),
+                               ("deliver-at", str(due_of[f"r-{n}"]).encode())]  # fmt: skip
+                    await producer.send_and_wait(topics.raw, b"v", timestamp_ms=ts, headers=headers)
+            finally:
+                await producer.stop()
+            await wait_committed(broker, topics.group, topics.raw, {0: 11})
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            proc = start_process(write_toml(tmp_path / "after.toml", after), log)
+            wait_s = (max(due_of.values()) - now_ms()) / 1000 + 30
+            await poll(lambda: len(new.records) >= 10, wait_s, "every waiting record", proc)
+            assert len(old.records) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in new.records)
+    assert delivered == Counter(set(due_of)), "each waiting record once, on the new clean topic"
+    for rec, read_ms in new.records:
+        assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
+    assert await read_topic(broker, topics.quarantine) == []
+
+
+async def test_windowed_records_waiting_when_coalescing_is_switched_off_are_delivered_once(
+    broker, redis_servers, names, tmp_path
+):
+    topics = Topics(names)
+    nodes = redis_urls(redis_servers(3))
+    window_ms = 10_000
+    before = coalesce_settings(broker, topics, nodes, window_ms=window_ms, session_timeout="2s")
+    after = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    assert before.coalesce.enabled and not after.coalesce.enabled
+    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
+    log = tmp_path / "gateway.log"
+    proc = start_process(write_toml(tmp_path / "before.toml", before), log)
+    start = (now_ms() // window_ms + 1) * window_ms  # the next window: all updates in it
+    sent: dict[str, bytes] = {}
+    try:
+        async with reading(broker, topics.clean) as seen:
+            await poll(lambda: JOINED in log.read_text(), 60, "the gateway joined", proc)
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:
+                for k in range(5):
+                    for u in range(3):  # three versions of each entity in one window
+                        message_id = f"e{k}-u{u}"
+                        sent[message_id] = json.dumps({"key": k, "update": u}).encode()
+                        headers = [("message-id", message_id.encode()),
+                                   ("entity-id", f"e{k}".encode())]  # fmt: skip
+                        await producer.send_and_wait(
+                            topics.raw, sent[message_id], timestamp_ms=start + 100 * u,
+                            headers=headers,
+                        )  # fmt: skip
+            finally:
+                await producer.stop()
+            await wait_committed(broker, topics.group, topics.raw, {0: len(sent)})
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            assert now_ms() < start + window_ms, "the windows closed before the restart"
+            proc = start_process(write_toml(tmp_path / "after.toml", after), log)
+            closes_in_s = (start + window_ms - now_ms()) / 1000
+            everything = len(sent)
+            await poll(lambda: len(seen.records) >= everything, closes_in_s + 30, "all", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in seen.records)
+    assert delivered == Counter(set(sent)), "each version once"
+    for rec, read_ms in seen.records:
+        headers = dict(rec.headers)
+        assert rec.value == sent[headers["dedup-id"].decode()]
+        due = int(headers["dedup-deliver-at"])
+        assert due >= start + window_ms and read_ms >= due, "delivered before its window closed"
+        assert "dedup-window" not in headers and "dedup-coalesced" not in headers
+    assert await read_topic(broker, topics.quarantine) == []
+    assert "[coalesce] is off" in log.read_text()
+
+
+def test_check_config_warns_of_a_tier_topic_the_settings_no_longer_name(
+    broker, names, tmp_path, redis_servers, capsys
+):
+    servers = redis_servers(1)
+    bounded(servers)
+    prefix = names("left")
+    nodes = redis_urls(servers)
+    config = str(write_config(tmp_path / "g.toml", broker, prefix, nodes, delay=True))
+    assert main(["topics", "--config", config, "--create", "--partitions", "1"]) == 0
+    removed, odd = f"{prefix}-clean.delay.16s", f"{prefix}-clean.delay.60s"  # 60s: not a tier name
+    asyncio.run(create_topics(broker, {removed: 1, odd: 1}))
+    capsys.readouterr()
+    code, out = run(capsys, "check-config", "--config", config, "--connect")
+    assert code == 1, out  # a warning only: it runs, and drains that tier
+    (line,) = [line for line in out.splitlines() if line.startswith("WARN")]
+    assert line.startswith(f"WARN  topic {removed}: a delay tier that [delay] tiers no longer")
+    # [delay] switched off: every tier of the clean topic is stranded.
+    off = str(write_config(tmp_path / "off.toml", broker, prefix, nodes, delay=False))
+    assert main(["topics", "--config", off, "--create", "--partitions", "1"]) == 0
+    capsys.readouterr()
+    code, out = run(capsys, "check-config", "--config", off, "--connect")
+    assert code == 1, out
+    warned = sorted(line.split(":")[0] for line in out.splitlines() if line.startswith("WARN"))
+    tiers = [f"{prefix}-clean.delay.{t}" for t in ("16s", "1m", "1s")]
+    assert warned == [f"WARN  topic {t}" for t in tiers]
+    assert "[delay] is off: records waiting in it are never delivered" in out
