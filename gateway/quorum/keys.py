@@ -21,6 +21,9 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
                                        which data this member holds (below)
     <prefix>paused              string present while `dedup-gateway pause`
                                        holds the member: writing scripts refuse
+    <prefix>behind              hash   `<member>|<gateway run id>` -> until (ms):
+                                       that run holds fills for that other
+                                       member (gateway/quorum/behind.py)
 
 On a Redis Cluster member every key above lives once per key group, with
 `<prefix>{<k>.<groups>}` in place of `<prefix>` (gateway/quorum/members.py): a
