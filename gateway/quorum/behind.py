@@ -60,6 +60,8 @@ class Behind:
             return
         calls = []
         for member in due:
+            if now - self.noted.get(member.name, now) > self.life_ms / 1000:
+                self.dropped.discard(member.name)  # the last note expired, and what it stood for
             self.noted[member.name] = now
             args = ["note", member.name, self.run_id, self.life_ms]
             calls += [self._call(on, args) for on in self.links if on is not member and on.up]
