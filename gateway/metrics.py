@@ -146,6 +146,13 @@ class Metrics:
             ["redis"],
             registry=r,
         )
+        self.repairs_lost_at_stop = Counter(
+            f"{PREFIX}_repairs_lost_at_stop",
+            "Queued fills a graceful stop could not send within its bound (the member "
+            "stays noted as behind: not counted until rebuilt or 2 x ttl)",
+            ["redis"],
+            registry=r,
+        )
         self.quorum_size = Gauge(
             f"{PREFIX}_quorum_size",
             "Members needed for a majority (m)",
@@ -355,6 +362,7 @@ class Metrics:
             for kind in REDIS_ERROR_KINDS:
                 self.redis_errors.labels(member_name(node), kind)
             self.repairs_dropped.labels(member_name(node))
+            self.repairs_lost_at_stop.labels(member_name(node))
             self.repair_backlog.labels(member_name(node)).set(0)
             self.redis_paused.labels(member_name(node)).set(0)
             self.redis_groups_down.labels(member_name(node)).set(0)

@@ -129,6 +129,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
     done = await quorum.run_script(target, "epoch_set", [epoch.raw, trusted.raw])
     if done != 1:
         raise RebuildError(f"{target.name}'s epoch changed during the rebuild; run it again")
+    await quorum.behind.forget(target)  # complete now: no gateway's note about it holds
     report.epoch_after = trusted.raw
     return OK
 

@@ -4,7 +4,9 @@ Every claim names the epoch it expects and writes nothing where another one is
 found (gateway/quorum/keys.py, "Epochs"); a member whose data was lost is
 *recovering*: its answers are returned but not counted in votes, until
 `dedup-gateway rebuild` copied the marks into it or a whole mark lifetime
-(1.5 x ttl) has passed since its data began. A cluster member's epoch lives in
+(1.5 x ttl) has passed since its data began. So is a member another gateway
+run noted as behind (it stopped holding fills for it, gateway/quorum/behind.py),
+until that note is cleared. A cluster member's epoch lives in
 group 0 and is copied to every group: a group that loses it (its node restarted
 empty) makes the whole member recovering. A member's trust is one `Trust`
 state (gateway/quorum/link.py), set here only.
@@ -19,6 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from gateway.quorum.behind import noted_by_others
 from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch
 from gateway.quorum.link import MemberLink, Trust
 from gateway.quorum.transport import Transport
@@ -37,6 +40,7 @@ class EpochRead:
     now_ms: int
     has_marks: bool
     paused: bool
+    behind: dict[str, set[str]]  # members other gateway runs noted here as behind, by run
 
 
 class Epochs:
@@ -49,12 +53,14 @@ class Epochs:
         majority: int,
         timeout: float,
         recovery_ms: int,
+        run_id: str,
     ) -> None:
         self.links = links
         self._via = via
         self.majority = majority
         self.timeout = timeout
         self.recovery_ms = recovery_ms
+        self.run_id = run_id  # this gateway run's (behind.py): its own notes do not count
         self.read = False  # read at least once
         self.reread = False  # a script met another epoch: read them all again
 
@@ -78,8 +84,12 @@ class Epochs:
         for n, epoch in zip(todo, made, strict=True):
             if epoch is not None:
                 seen[n] = replace(seen[n], epoch=epoch)
+        behind: dict[str, set[str]] = {}
+        for read in seen.values():
+            for name, runs in read.behind.items():
+                behind.setdefault(name, set()).update(runs)
         for n, read in seen.items():
-            await self._adopt(self.links[n], read)
+            await self._adopt(self.links[n], read, behind.get(self.links[n].name, set()))
 
     async def _read_member(self, inst: MemberLink, bound_s: float) -> EpochRead | None:
         """The member's epoch read; None for no answer. A cluster member's epoch is
@@ -111,7 +121,7 @@ class Epochs:
                                        spread_id)  # fmt: skip
             if epoch is None:
                 return None
-        return EpochRead(epoch, first.now_ms, has_marks, paused)
+        return EpochRead(epoch, first.now_ms, has_marks, paused, first.behind)
 
     async def _read_group(
         self, inst: MemberLink, group: int, bound_s: float
@@ -121,9 +131,10 @@ class Epochs:
         got = await self._via(inst).run_script(inst, "epoch_read", [prefix], bound_s, group)
         if got is None:
             return None
-        raw, now_ms, has_marks, paused, spread = got
+        raw, now_ms, has_marks, paused, spread, notes = got
         epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
-        read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused))
+        behind = noted_by_others(notes or [], int(now_ms), self.run_id)
+        read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused), behind)
         return read, spread.decode(errors="replace") if spread else None
 
     async def _create_epoch(self, inst: MemberLink, state: str) -> Epoch | None:
@@ -191,8 +202,9 @@ class Epochs:
             return EPOCH_RECOVERING
         return EPOCH_TRUSTED if len(seen) >= self.majority else None
 
-    async def _adopt(self, inst: MemberLink, read: EpochRead) -> None:
-        """Take the member's epoch as read, decide its trust, log and count changes."""
+    async def _adopt(self, inst: MemberLink, read: EpochRead, behind: set[str]) -> None:
+        """Take the member's epoch as read, decide its trust, log and count changes.
+        `behind`: the other gateway runs that noted it lacks marks they held."""
         epoch, now_ms = read.epoch, read.now_ms
         if read.paused != inst.paused:
             logger.warning(
@@ -211,6 +223,20 @@ class Epochs:
                 epoch = promoted
         lost = epoch is not None and inst.known_id is not None and inst.known_id != epoch.id
         trust = Trust.UNKNOWN if epoch is None else Trust.TRUSTED if trusted else Trust.RECOVERING
+        if trust is Trust.TRUSTED and behind:
+            trust = Trust.RECOVERING
+            if inst.behind != behind:
+                logger.warning(
+                    "Redis member %s missed marks that gateway run(s) %s held as fills and "
+                    "did not send (stopped, or still sending): its answers are not counted "
+                    "until they are sent, `dedup-gateway rebuild %s`, or 2 x ttl after the "
+                    "last note", inst.name, ", ".join(sorted(behind)), inst.name,
+                    extra={"redis": inst.name},
+                )  # fmt: skip
+        elif trusted and inst.behind and not behind:
+            logger.info("Redis member %s: no gateway run holds fills for it any more",
+                        inst.name, extra={"redis": inst.name})  # fmt: skip
+        inst.behind = behind
         if epoch is None and trust != inst.reported:
             logger.warning(
                 "Redis member %s holds no epoch, and whether it lost its data cannot be "
@@ -225,7 +251,7 @@ class Epochs:
                 when(epoch.since_ms), inst.name, when(epoch.since_ms + self.recovery_ms),
                 extra={"redis": inst.name},
             )  # fmt: skip
-        elif trusted and inst.reported not in (Trust.NEW, Trust.TRUSTED):
+        elif trust is Trust.TRUSTED and inst.reported not in (Trust.NEW, Trust.TRUSTED):
             logger.info("Redis member %s is trusted again", inst.name, extra={"redis": inst.name})
         inst.epoch, inst.reported = epoch, trust
         if epoch is not None:

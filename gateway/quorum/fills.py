@@ -19,10 +19,14 @@ from gateway.quorum.transport import Planned, Transport
 class Fills:
     """Each member's backlog of fills (`MemberLink.backlog`) and how it is sent."""
 
-    def __init__(self, via: Callable[[MemberLink], Transport], most: int, metrics: Metrics) -> None:
+    def __init__(
+        self, via: Callable[[MemberLink], Transport], most: int, metrics: Metrics,
+        dropped: set[str],
+    ) -> None:  # fmt: skip
         self._via = via
         self.most = most  # `[redis] repair_backlog`
         self.metrics = metrics
+        self.dropped = dropped  # members that lost fills here (behind.py keeps their notes)
 
     def queue(self, inst: MemberLink, fills: Iterable[Fill], front: bool = False) -> None:
         if front:
@@ -34,6 +38,7 @@ class Fills:
             for _ in range(dropped):
                 inst.backlog.popleft()  # the oldest first: the newest marks matter longest
             self.metrics.repairs_dropped.labels(inst.name).inc(dropped)
+            self.dropped.add(inst.name)
         self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
 
     def take(self, inst: MemberLink) -> list[Fill]:

@@ -8,8 +8,11 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
                                        buckets:<slice> -> that slice's bucket count
                                        first -> the oldest slice id that may hold
                                        marks (absent: 1; lower after a rebuild),
-                                       expires:<slice> -> the expiry (ms) its
-                                       ledger's bits stand for (current slice)
+                                       expires:<slice> -> the latest expiry (ms)
+                                       its buckets were given (for the current
+                                       slice: what its ledger's bits stand for),
+                                       live -> `<id>:<older ids>,`, the older
+                                       slices to search (below)
     <prefix>x:<slice>           string the slice's expiry ledger: bit i set
                                        when bucket i has its expiry (below)
     <prefix>h:<digest>          string the failure command that last handed
@@ -18,6 +21,9 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
                                        which data this member holds (below)
     <prefix>paused              string present while `dedup-gateway pause`
                                        holds the member: writing scripts refuse
+    <prefix>behind              hash   `<member>|<gateway run id>` -> until (ms):
+                                       that run holds fills for that other
+                                       member (gateway/quorum/behind.py)
 
 On a Redis Cluster member every key above lives once per key group, with
 `<prefix>{<k>.<groups>}` in place of `<prefix>` (gateway/quorum/members.py): a
@@ -58,8 +64,13 @@ given a new, recovering epoch (gateway/quorum/epochs.py, `_spread`).
   has no per-field TTL, so marks are grouped by time instead: each member cuts its own clock into
   slices of ttl/SLICES_BACK; a slice's buckets expire `ttl` after the slice
   ends, so a mark lives between ttl and ttl*(1 + 1/SLICES_BACK). A lookup
-  searches the current slice and the SLICES_BACK before it; the one before
-  those ended at least ttl ago, so its buckets are gone.
+  searches the current slice and the older ones whose buckets still live, by
+  time: when a slice opens, the previous slice and those the previous one
+  searched are kept in `live` while their `expires:<slice>` is later than
+  now (with an unchanged ttl, the SLICES_BACK before it; after `ttl` is
+  lowered, also the slices claimed under the old ttl, until their marks
+  expire: a count of slices would drop them early). A slice opened without
+  `live` (by an older gateway) searches the SLICES_BACK before it.
 - `shard` is the digest's first 3 bytes modulo `[redis] buckets`. A slice
   keeps the `buckets` and length it opened with (in `<prefix>slice`), so a
   changed setting takes effect at the next slice and hides no live mark.

@@ -8,6 +8,8 @@ facade; what it keeps per member, and why, lives beside it:
 - `transport.py`: how calls reach a member (chunks, pipelining, cluster routing);
 - `epochs.py`: whether a member still holds the marks it was given (its trust);
 - `fills.py`: the winners' marks to complete on a member that gave no answer;
+- `behind.py`: the notes on the other members that this run holds fills for one,
+  so that a gateway stop leaves it not counted instead of silently incomplete;
 - `windows.py`: the coalescing windows' calls;
 - `admin.py`: what operator commands, `rebuild` and tests ask of one member.
 
@@ -31,6 +33,7 @@ from gateway.member_urls import is_cluster, member_name
 from gateway.metrics import Metrics
 from gateway.quorum import scripts
 from gateway.quorum.admin import Admin
+from gateway.quorum.behind import Behind
 from gateway.quorum.epochs import Epochs
 from gateway.quorum.fills import Fills
 from gateway.quorum.keys import handover_key
@@ -86,10 +89,13 @@ class Quorum:
         # A mark lives at most ttl * (1 + 1/SLICES_BACK): after that long, a member
         # that lost its data has every mark it could have missed gone too.
         recovery_ms = self.ttl_ms + self.ttl_ms // scripts.SLICES_BACK
-        self.epochs = Epochs(self.instances, self._via, self.majority, self.timeout, recovery_ms)
+        self.behind = Behind(self.instances, self._via, self.ttl_ms, metrics)
+        self.epochs = Epochs(
+            self.instances, self._via, self.majority, self.timeout, recovery_ms, self.behind.run_id
+        )
         self._standalone = transport(self.epochs.refused)
         self._cluster = ClusterTransport(self.epochs.refused)
-        self.fills = Fills(self._via, settings.repair_backlog, metrics)
+        self.fills = Fills(self._via, settings.repair_backlog, metrics, self.behind.dropped)
         self.windows = Windows(self)
         self.admin = Admin(self)
         # The parts' calls, under the names the callers know.
@@ -188,7 +194,42 @@ class Quorum:
         """Read every member's epoch (which pings it), then send queued fills to
         the members that answer."""
         await self.refresh_epochs()
-        await asyncio.gather(*(self.fills.drain(inst) for inst in self.instances if inst.up))
+        await asyncio.gather(*(self._drain(inst) for inst in self.instances if inst.up))
+
+    async def _drain(self, inst: MemberLink) -> None:
+        await self.fills.drain(inst)
+        await self.behind.clear(inst)
+
+    async def drain_at_stop(self, bound_s: float = 5.0) -> None:
+        """At a graceful stop (the loops stopped): send every queued fill, trying
+        for `bound_s` (and at most one `[redis] timeout` more), and clear this run's
+        notes. What cannot be sent is counted and logged; the members that lack it
+        stay noted as behind (not counted by the next gateway) until a rebuild
+        completes them or the notes expire (gateway/quorum/behind.py)."""
+        deadline = asyncio.get_running_loop().time() + bound_s
+        await asyncio.gather(*(self._drain_until(inst, deadline) for inst in self.instances))
+        for inst in self.instances:
+            if inst.backlog:
+                lost = len(inst.backlog)
+                self.metrics.repairs_lost_at_stop.labels(inst.name).inc(lost)
+                logger.warning(
+                    "stopping with %d fill(s) for Redis member %s not sent within %gs: it stays "
+                    "noted as behind (not counted by any gateway) until `dedup-gateway rebuild "
+                    "%s` or 2 x ttl", lost, inst.name, bound_s, inst.name,
+                    extra={"redis": inst.name},
+                )  # fmt: skip
+
+    async def _drain_until(self, inst: MemberLink, deadline: float) -> None:
+        """Send the member's backlog until it is empty or `deadline` passed (each try
+        is bounded by `[redis] timeout`), then clear this run's note if it is."""
+        loop = asyncio.get_running_loop()
+        while inst.backlog and loop.time() < deadline:
+            if inst.epoch is None or inst.paused:
+                await self.epochs.refresh()
+            await self.fills.drain(inst)
+            if inst.backlog:
+                await asyncio.sleep(min(self.timeout, max(0.0, deadline - loop.time())))
+        await self.behind.clear(inst)
 
     async def refresh_epochs(self, patient: bool = False) -> None:
         """Read every member's epoch and decide its trust (gateway/quorum/epochs.py)."""
@@ -231,7 +272,9 @@ class Quorum:
             epoch_id = inst.epoch.id
             fills = self.fills.take(inst)
             if fills:  # first, so that this batch's claims see the completed marks
-                await self.fills.send(inst, fills)
+                sent = await self.fills.send(inst, fills)
+                if sent:
+                    await self.behind.clear(inst)
             results = await self._via(inst).grouped(inst, "claim", digests, partial(plan, epoch_id))
             replies: list[Reply] = [None] * n
             for positions, result in results:
@@ -243,6 +286,10 @@ class Quorum:
             return replies
 
         out = list(await asyncio.gather(*(one(inst) for inst in self.instances)))
+        missed = [inst for inst, replies in zip(self.instances, out, strict=True)
+                  if None in replies]  # fmt: skip
+        if missed:  # they will get fills: noted before the batch can be committed
+            await self.behind.note(missed)
         if self.epochs.reread:
             await self.refresh_epochs()
         return out
@@ -276,6 +323,7 @@ class Quorum:
                       for positions, result in results if result is None
                       for k in positions]  # fmt: skip
             if missed:
+                await self.behind.note([inst])
                 self.fills.queue(inst, missed)
             return sum(int(result or 0) for _, result in results)
 

@@ -41,7 +41,7 @@ from importlib import resources
 # name upper-cased).
 NAMES = ("claim", "fill", "repair", "release", "handover", "mark_done", "inspect", "delete",
          "export", "lookup", "import", "epoch_read", "epoch_create", "epoch_set", "epoch_copy",
-         "epoch_spread", "pause", "coalesce_update", "coalesce_close")  # fmt: skip
+         "epoch_spread", "pause", "coalesce_update", "coalesce_close", "behind")  # fmt: skip
 
 # SLICES_BACK: slices older than the current one that may still hold live
 # marks. A slice lasts ttl/SLICES_BACK and its buckets expire `ttl` after it
@@ -105,3 +105,4 @@ EPOCH_SPREAD = load("epoch_spread")
 PAUSE = load("pause")
 COALESCE_UPDATE = load("coalesce_update")
 COALESCE_CLOSE = load("coalesce_close")
+BEHIND = load("behind")

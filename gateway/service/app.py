@@ -90,6 +90,9 @@ class Gateway:
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             stack.push_async_callback(self.quorum.close)
+            # After the loops stop, before close: send the fills queued for members
+            # that gave no answer (a bounded wait), so they outlive this process.
+            stack.push_async_callback(self.quorum.drain_at_stop)
             await self.quorum.wait_for_majority(stop)
             if not await wait_for_broker(kafka, stop):
                 return

@@ -81,6 +81,34 @@ async def test_a_mark_lives_at_least_the_ttl_across_slices_then_expires(
     assert await quorum.claim([mark], ["9"]) == [[MINE]]  # expired: new again
 
 
+async def test_lowering_ttl_keeps_a_mark_searchable_for_the_ttl_it_was_claimed_under(
+    quorum_on: QuorumFactory,
+) -> None:
+    before, after = quorum_on(ttl="4s"), quorum_on(ttl="1s")  # slices of 2 s, then of 0.5 s
+    (mark,) = digests("lowered", 1)
+    claimed_at = time.monotonic()
+    assert await before.claim([mark], ["7"]) == [[MINE]]
+    filler = iter(digests("lowered-filler", 1000))
+    meta, client = after.prefix + b"slice", after.instances[0].client
+    opened_from = int(await client.hget(meta, "id") or 0)
+    while time.monotonic() - claimed_at < 3.3:
+        # The lower ttl's short slices open one after another while time passes.
+        await after.claim([next(filler)], ["8"])
+        await asyncio.sleep(0.05)  # time passing is what is under test
+    assert int(await client.hget(meta, "id") or 0) - opened_from > 2, "too few slices opened"
+    # 3.3 s after its claim under a 4 s ttl, past more than SLICES_BACK newer slices.
+    assert await after.claim([mark], ["9"]) == [["7"]]
+    (view,) = await after.inspect(mark)
+    assert view is not None and view.owner == "7"
+    while time.monotonic() - claimed_at < 6.5:  # its slice's buckets expired (4 s + 2 s)
+        await after.claim([next(filler)], ["8"])
+        await asyncio.sleep(0.05)
+    # The old slice left the search: only the short slices still alive are searched.
+    live = (await client.hget(meta, "live") or b"").decode()
+    assert live.count(",") <= 3, live
+    assert await after.claim([mark], ["9"]) == [[MINE]]
+
+
 async def test_release_frees_the_id_for_another_copy_but_not_for_a_replay_of_the_released_record(
     quorum_on: QuorumFactory,
 ) -> None:

@@ -113,3 +113,32 @@ async def test_a_repair_that_gets_no_answer_is_queued_and_done_when_the_instance
         await quorum.check()  # the background ping sends the queue
         assert quorum.metrics.repair_backlog.labels(server.name_label)._value.get() == 0
     assert await owners_on(server, [split]) == ["11"]
+
+
+async def test_another_gateway_counts_a_member_again_once_the_run_that_noted_it_drained(
+    redis_servers: Any,
+) -> None:
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
+    noting, other = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
+    mark = mark_digest(b"noted")
+    try:
+        await noting.check()
+        servers[2].pause()  # SIGSTOP: no answer to the claim
+        replies = await noting.claim([mark], ["11"])
+        assert replies[2] == [None]
+        noting.queue_fills([[], [], [(mark, "11", "11")]])
+        await other.refresh_epochs()
+        assert other.counted() == [True, True, False]  # noted behind by the other run
+        assert noting.counted()[:2] == [True, True]
+        servers[2].resume()
+        await noting.drain_at_stop(bound_s=10)
+        assert noting.metrics.repair_backlog.labels(servers[2].name_label)._value.get() == 0
+        await other.refresh_epochs()
+        assert other.counted() == [True, True, True]  # the note was cleared
+        assert await owners_on(servers[2], [mark]) == ["11"]
+        assert counter_value(noting.metrics.repairs_lost_at_stop, servers[2].name_label) == 0
+    finally:
+        servers[2].resume()
+        await noting.close()
+        await other.close()

@@ -26,6 +26,27 @@ local slices, at, now = open_slice()
 local cur = slices[1][3]
 local owners, lefts = string.gmatch(owner_list, '([^,]+),'), string.gmatch(left_list, '([^,]+),')
 local notes, note_lefts = string.gmatch(note_list, '([^,]+),'), string.gmatch(note_left_list, '([^,]+),')
+-- The search entry of slice cur - k, opened (and kept searched until `expires`) if needed.
+local function slice_back(k, expires)
+  local s = cur - k
+  if k > 0 then
+    local known = tonumber(redis.call('HGET', meta, 'expires:' .. s))
+    if not known or known < expires then redis.call('HSET', meta, 'expires:' .. s, fmt('%d', expires)) end
+  end
+  for _, slice in ipairs(slices) do
+    if slice[3] == s then return slice end
+  end
+  redis.call('HSETNX', meta, 'buckets:' .. s, buckets)
+  if s < (tonumber(redis.call('HGET', meta, 'first')) or 1) then redis.call('HSET', meta, 'first', s) end
+  local older = {s}
+  for j = 2, #slices do older[#older + 1] = slices[j][3] end
+  table.sort(older, function(a, b) return a > b end)
+  redis.call('HSET', meta, 'live', live_field(cur, older))
+  slices = slices_from(cur, older)
+  for _, slice in ipairs(slices) do
+    if slice[3] == s then return slice end
+  end
+end
 local out, done = {}, {}
 for i = 1, #digests / len do
   local digest, owner, left = string.sub(digests, (i - 1) * len + 1, i * len), owners(), lefts()
@@ -45,12 +66,7 @@ for i = 1, #digests / len do
   else
     local k = math.floor((at - now - tonumber(left)) / slice_ms)
     k = math.max(0, math.min(k, SLICES_BACK))
-    if k >= #slices then
-      for s = cur - #slices, cur - k, -1 do redis.call('HSETNX', meta, 'buckets:' .. s, buckets) end
-      redis.call('HSET', meta, 'first', cur - k)
-      slices = slices_from(cur)
-    end
-    bucket = bucket_of(slices[k + 1], h)
+    bucket = bucket_of(slice_back(k, at - k * slice_ms), h)
     redis.call('HSET', bucket, digest, owner)
     if not done[bucket] then  -- any slice: the ledger is not used here
       done[bucket] = true

@@ -12,20 +12,72 @@ local function clock()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The slices to search, newest first: {bucket name prefix, bucket count, id}.
--- Each slice keeps the bucket count it opened with, so changing `buckets` (or
--- `ttl`) takes effect at the next slice and never hides a live mark. `first`:
--- the oldest slice that may exist (1, or lower after a rebuild copied marks).
-local function slices_from(id)
-  local fields = {'first'}
-  for k = 0, SLICES_BACK do fields[#fields + 1] = 'buckets:' .. (id - k) end
+-- The older slices to search from slice `id`, newest first. The meta's `live`
+-- field, '<id>:<older ids, each followed by ','>', names them: written when
+-- slice <id> opened, they are the slices whose buckets expire after that (by
+-- time, not by count: after `ttl` is lowered, the slices claimed under the
+-- old ttl stay searched as long as their marks live). A slice opened without
+-- it (by a gateway before this field) searches the SLICES_BACK before it.
+local function older_of(id, live)
+  local list = {}
+  if live then
+    local colon = string.find(live, ':', 1, true)
+    if colon and tonumber(string.sub(live, 1, colon - 1)) == id then
+      for k in string.gmatch(string.sub(live, colon + 1), '(%d+),') do list[#list + 1] = tonumber(k) end
+      return list
+    end
+  end
+  for k = 1, SLICES_BACK do list[k] = id - k end
+  return list
+end
+
+-- The slices to search, newest first: {bucket name prefix, bucket count, id}:
+-- slice `id` and its `older` ones. Each slice keeps the bucket count it opened
+-- with, so changing `buckets` (or `ttl`) takes effect at the next slice and
+-- never hides a live mark. `first`: the oldest slice that may exist (1, or
+-- lower after a rebuild copied marks).
+local function slices_from(id, older)
+  local fields = {'first', 'buckets:' .. id}
+  for k = 1, #older do fields[k + 2] = 'buckets:' .. older[k] end
   local got = redis.call('HMGET', meta, unpack(fields))
   local first, list = tonumber(got[1]) or 1, {}
-  for k = 0, SLICES_BACK do
-    if id - k < first then break end
-    list[#list + 1] = {fmt('%sm:%d:', prefix, id - k), tonumber(got[k + 2]) or buckets, id - k}
+  if id < first then return list end
+  list[1] = {fmt('%sm:%d:', prefix, id), tonumber(got[2]) or buckets, id}
+  for k = 1, #older do
+    if older[k] < first then break end
+    list[#list + 1] = {fmt('%sm:%d:', prefix, older[k]), tonumber(got[k + 2]) or buckets, older[k]}
   end
   return list
+end
+
+-- The `live` field for slice `id` with these older slices.
+local function live_field(id, older)
+  local parts = {}
+  for k = 1, #older do parts[k] = fmt('%d,', older[k]) end
+  return fmt('%d:', id) .. table.concat(parts)
+end
+
+-- The older slices of a slice opened at `now` after slice `id`: `id` and those of
+-- its `older` ones whose buckets still live (`expires:<slice>`, the latest expiry
+-- any call gave them; absent: the SLICES_BACK rule). The others are forgotten.
+local function still_live(id, older, now)
+  local candidates = {id}
+  for k = 1, #older do candidates[k + 1] = older[k] end
+  local fields = {}
+  for k = 1, #candidates do fields[k] = 'expires:' .. candidates[k] end
+  local got = redis.call('HMGET', meta, unpack(fields))
+  local keep, gone = {}, {}
+  for k = 1, #candidates do
+    local s, expires = candidates[k], tonumber(got[k])
+    if (expires and expires > now) or (not expires and s > id - SLICES_BACK) then
+      keep[#keep + 1] = s
+    else
+      gone[#gone + 1] = 'buckets:' .. s
+      gone[#gone + 1] = 'expires:' .. s
+    end
+  end
+  if #gone > 0 then redis.call('HDEL', meta, unpack(gone)) end
+  return keep
 end
 
 -- Open a new slice if the current one has ended (the instance's clock).
@@ -33,19 +85,23 @@ end
 -- the current slice's buckets expire, and now (ms since the epoch).
 local function open_slice()
   local now = clock()
-  local cur = redis.call('HMGET', meta, 'id', 'ends')
+  local cur = redis.call('HMGET', meta, 'id', 'ends', 'live')
   local id, ends = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
+  local older = older_of(id, cur[3])
   if now >= ends then
+    older = id > 0 and still_live(id, older, now) or {}
     id, ends = id + 1, now + slice_ms
-    redis.call('HSET', meta, 'id', id, 'ends', fmt('%d', ends), 'buckets:' .. id, buckets)
-    redis.call('HDEL', meta, 'buckets:' .. (id - SLICES_BACK - 1), 'expires:' .. (id - 1))
+    redis.call('HSET', meta, 'id', id, 'ends', fmt('%d', ends), 'buckets:' .. id, buckets,
+               'live', live_field(id, older))
   end
-  return slices_from(id), ends + ttl, now
+  return slices_from(id, older), ends + ttl, now
 end
 
 -- The slices to search, without opening one (for scripts that only read or delete).
 local function live_slices()
-  return slices_from(tonumber(redis.call('HGET', meta, 'id')) or 0)
+  local cur = redis.call('HMGET', meta, 'id', 'live')
+  local id = tonumber(cur[1]) or 0
+  return slices_from(id, older_of(id, cur[2]))
 end
 
 local function hash_of(digest)

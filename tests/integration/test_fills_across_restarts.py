@@ -1,0 +1,137 @@
+"""Fills survive a gateway stop (gateway/quorum/behind.py), with the gateway run as a
+real process: member C misses a claim (paused: `dedup-gateway pause`), the gateway
+restarts (SIGTERM, or SIGKILL) before C is resumed, A restarts empty, and a copy of the id arrives
+from another partition. Without the note that C is behind, the new gateway counts
+C (which lacks the id) and B, ties 1:1 and forwards the copy; with it, C is not
+counted until `dedup-gateway rebuild` completes it, and the copy is a duplicate."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from devtools.harness import Topics, clean_ids, make_settings, produce, write_toml
+from devtools.localstack import free_port
+from devtools.topics import committed_offsets, wait_committed
+from gateway.contract.tokens import owner_token
+from tests.conftest import redis_urls
+from tests.integration.test_epochs import restart_empty
+
+
+def start(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "GATEWAY_METRICS__PORT": str(port)},
+        )  # fmt: skip
+
+
+def text(log: Path) -> str:
+    return log.read_text()
+
+
+async def readyz(port: int) -> tuple[int, str]:
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/readyz") as r,
+        ):
+            return r.status, await r.text()
+    except aiohttp.ClientError:
+        return 0, ""
+
+
+async def wait_for(what: str, condition: Callable[[int, str], bool], port: int, log: Path) -> str:
+    """Poll /readyz until `condition(status, body)`; fail with the gateway's log tail."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        status, body = await readyz(port)
+        if condition(status, body):
+            return body
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"not within 60s: {what} (last /readyz {status} {body!r})\n{text(log)[-3000:]}"
+        )
+        await asyncio.sleep(0.05)
+
+
+async def decided_or_blocked(broker: str, topics: Topics, partition: int, log: Path) -> None:
+    """Until the record at offset 0 of `partition` is committed (decided) or the
+    gateway logs that it blocked there (no majority counted)."""
+    blocked = f"partition={partition}) blocked at offset 0: no majority decided"
+    deadline = asyncio.get_running_loop().time() + 60
+    while blocked not in text(log):
+        if (await committed_offsets(broker, topics.group, topics.raw)).get(partition, 0) >= 1:
+            return
+        assert asyncio.get_running_loop().time() < deadline, text(log)[-3000:]
+        await asyncio.sleep(0.05)
+
+
+async def cli(config: Path, *args: str) -> None:
+    """`dedup-gateway VERB --config FILE ARGS`, which must succeed."""
+    verb = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", args[0], "--config", str(config), *args[1:],
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    output, _ = await asyncio.wait_for(verb.communicate(), 120)
+    assert verb.returncode == 0, output.decode()
+
+
+def record(message_id: str) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
+    return [(None, b"{}", [("message-id", message_id.encode())])]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_marks_a_paused_member_missed_are_not_lost_across_a_gateway_restart(
+    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path,
+    stop: signal.Signals,
+) -> None:  # fmt: skip
+    topics = Topics(names)
+    await topics.create(broker)
+    a, b, c = redis_servers(3)
+    settings = make_settings(broker, topics, redis_urls([a, b, c]))
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    config.write_text(config.read_text().replace("[redis]\n", '[redis]\nping_interval = "200ms"\n'))
+    # The copy comes from a partition whose token is smaller: it would win a 1:1 tie.
+    first_at, copy_at = sorted(range(4), key=lambda p: int(owner_token(topics.raw, p, 1)))[::-1][:2]
+    port, log = free_port(), tmp_path / "gateway.log"
+    gateway = start(config, port, log)
+    try:
+        await produce(broker, topics.raw, record("warm-up"), partition=first_at)  # offset 0
+        await wait_committed(broker, topics.group, topics.raw, {first_at: 1})
+        await cli(config, "pause", c.name_label)  # C gets no claim: X is decided by A and B
+        await produce(broker, topics.raw, record("X"), partition=first_at)  # offset 1
+        await wait_committed(broker, topics.group, topics.raw, {first_at: 2})
+
+        gateway.send_signal(stop)
+        assert gateway.wait(timeout=60) in (0, -signal.SIGKILL)
+        if stop == signal.SIGTERM:  # it tried to send them first: C is paused, so it said so
+            assert f"fill(s) for Redis member {c.name_label} not sent" in text(log)
+        gateway = start(config, port, log)
+        await cli(config, "resume", c.name_label)  # C lacks X
+        await wait_for("the new gateway ready", lambda s, _: s == 200, port, log)
+        restart_empty(a)
+        lost = (f"Redis member {a.name_label} lost its data", f"{a.name_label} is recovering")
+        await wait_for("A recovering", lambda *_: any(w in text(log) for w in lost),
+                       port, log)  # fmt: skip
+        await produce(broker, topics.raw, record("X"), partition=copy_at)
+        # Decided (committed: today's code forwarded it) or blocked (no majority counted).
+        await decided_or_blocked(broker, topics, copy_at, log)
+        assert await clean_ids(broker, topics.clean) == {"warm-up": 1, "X": 1}
+        _, body = await readyz(port)
+        assert c.name_label in body, body  # not counted: noted behind by the stopped run
+        await cli(config, "rebuild", c.name_label)
+        await wait_committed(broker, topics.group, topics.raw, {first_at: 2, copy_at: 1})
+        assert await clean_ids(broker, topics.clean) == {"warm-up": 1, "X": 1}
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=60)
