@@ -40,10 +40,24 @@ H_COALESCED = "dedup-coalesced"  # coalescing: updates the emitted window took
 H_LANE = "dedup-lane"  # the priority lane of the raw topic (only with `[[lanes]]` configured)
 
 KEEP_REASONS = 5  # reasons carried on retried and dead-lettered records
-# What clean_headers adds besides the id, at most: four names (46 bytes), their
-# length varints, a source reference (topic names are at most 249 characters),
-# a 63-bit token and the uncertain flag.
-CLEAN_HEADERS_BOUND = 46 + 4 * 10 + (249 + 1 + 10 + 1 + 19) + 19 + 1
+# What a copy the gateway writes for a decided record adds besides the id, at most.
+# clean_headers: four names (46 bytes), their length varints, a source reference
+# (topic names are at most 249 characters), a 63-bit token and the uncertain flag.
+# A tier copy (scheduled delivery, coalescing) and a lane's copy add these, each
+# with its varints: epoch milliseconds and counts (20 digits), a window (two of
+# them and a slash), a lane name (64 characters). The id check counts them all, so
+# a record it lets through is never too large for a tier after its id was claimed.
+_ADDED_LATER = (
+    (H_DELIVER_AT, 20),
+    (H_TIER_AT, 20),
+    (H_WINDOW, 41),
+    (H_COALESCED, 20),
+    (H_LANE, 64),
+)
+CLEAN_HEADERS_BOUND = (
+    46 + 4 * 10 + (249 + 1 + 10 + 1 + 19) + 19 + 1
+    + sum(len(name) + 10 + size for name, size in _ADDED_LATER)
+)  # fmt: skip
 
 # The Cython builder wants a list of (str, bytes | None): typed loosely here.
 _estimate: Callable[..., int] = DefaultRecordBatchBuilder.estimate_size_in_bytes

@@ -88,3 +88,36 @@ def test_a_refused_outgoing_record_becomes_a_fitting_copy_naming_its_source():
         (H_SOURCE, b"raw/0/9"),
         (H_DROPPED, b"value"),
     ]
+
+
+def test_a_tier_copy_of_a_lane_record_with_every_header_at_its_largest_fits_the_bound():
+    """The id check adds CLEAN_HEADERS_BOUND to the raw record's size: every header a
+    decided record's copy can gain (clean, delay tier, coalescing window, lane) fits."""
+    from gateway.contract.records import (
+        CLEAN_HEADERS_BOUND,
+        H_COALESCED,
+        H_DELIVER_AT,
+        H_LANE,
+        H_TIER_AT,
+        H_UNCERTAIN,
+        H_WINDOW,
+        source_ref,
+    )
+
+    message_id = b"m" * 100
+    record = raw(b"k", b"v" * 1000, [("message-id", message_id)])
+    largest_ms = str(2**63 - 1).encode()  # 19 digits
+    copy_headers = [
+        *record.headers,
+        (H_ID, message_id),
+        (H_SOURCE, source_ref("t" * 249, 2**31 - 1, 2**63 - 1).encode()),
+        (H_TOKEN, largest_ms),
+        (H_UNCERTAIN, b"1"),
+        (H_DELIVER_AT, largest_ms),
+        (H_TIER_AT, largest_ms),
+        (H_WINDOW, largest_ms + b"/" + largest_ms),
+        (H_COALESCED, largest_ms),
+        (H_LANE, b"l" * 64),
+    ]
+    allowed = record_size(record.key, record.value, record.headers) + len(message_id)
+    assert record_size(record.key, record.value, copy_headers) <= allowed + CLEAN_HEADERS_BOUND
