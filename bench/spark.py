@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.records import H_ATTEMPT, H_ID, H_SOURCE, H_TOKEN
+from gateway.contract.records import H_ATTEMPT, H_ID, H_SOURCE, H_TOKEN
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
