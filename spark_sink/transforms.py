@@ -35,9 +35,12 @@ _SOURCE_PATTERN = r"^(.+)/(\d+)/(\d+)$"
 
 
 def header_bytes(name: str) -> Column:
-    """The first value of header `name` as bytes, null when absent."""
-    matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
-    return F.get(matches, 0)["value"]
+    """The first value of header `name` as bytes, null when absent.
+
+    Found by position in the array of keys, not with a lambda (`F.filter`): Spark
+    interprets higher-order functions row by row, outside its generated code."""
+    position = F.array_position(F.col("headers")["key"], name).cast("int")
+    return F.get(F.col("headers")["value"], position - 1)
 
 
 def header(name: str) -> Column:
