@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from gateway.contract.tokens import owner_token
+from spark_sink.job import DEFAULT_CONF
 
 # pyspark warns about versions it was not built against; nothing to fix on our side.
 SPARK_WARNING_FILTERS = ("ignore:PySpark does not yet fully support pandas:FutureWarning",)
@@ -27,17 +28,19 @@ def add_spark_warning_filters(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """local[2], two shuffle partitions (= two state stores per stateful batch), no UI."""
+    """local[2], the job's own defaults (spark_sink.job.DEFAULT_CONF) but two shuffle
+    partitions (= two state stores per stateful batch), no UI."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("spark-sink-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.minBatchesToRetain", "5")
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.master("local[2]").appName("spark-sink-tests")
+    for key, value in {
+        **DEFAULT_CONF,
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.streaming.minBatchesToRetain": "5",
+    }.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
