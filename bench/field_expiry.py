@@ -125,7 +125,7 @@ async def slices(port: int, digests: list[bytes], buckets: int, older: int) -> R
 
     try:
         await quorum.refresh_epochs()
-        client, meta = quorum.instances[0].client, quorum.prefix + b"slice"
+        client, meta = quorum.members[0].client, quorum.prefix + b"slice"
         assert isinstance(client, aioredis.Redis)
         for k in range(older):
             await claim_all(claim, ids(f"old{k}", len(digests)), OWNER)

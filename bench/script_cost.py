@@ -124,7 +124,7 @@ async def server_stats(quorum: Quorum) -> Stats:
     """Per instance: EVALSHA calls and usec since CONFIG RESETSTAT, the server's CPU
     seconds, and the upper bound (usec) of the slowest EVALSHA's histogram bucket."""
     out = []
-    for inst in quorum.instances:
+    for inst in quorum.members:
         client = inst.client
         assert isinstance(client, aioredis.Redis), "standalone members only"
         stats: dict[str, Any] = await client.info("commandstats")
@@ -154,7 +154,7 @@ async def claim_all(quorum: Quorum, ids: list[bytes], batch: int, tag: str) -> l
 
 async def wait_for_next_slice(quorum: Quorum) -> None:
     """Until the instances' current slice has ended (the next claim opens a new one)."""
-    client = quorum.instances[0].client
+    client = quorum.members[0].client
     ends = int(await client.hget(quorum.prefix + b"slice", "ends") or 0)
     now_s, now_us = await client.time()
     await asyncio.sleep(max(0.0, (ends - (now_s * 1000 + now_us // 1000)) / 1000) + 0.05)
@@ -188,7 +188,7 @@ async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured
         copies = int(args.digests * args.duplicates)
         ids = [mark_digest(f"id-{i}".encode()) for i in range(args.digests - copies)]
         ids += ids[:copies]
-        for inst in quorum.instances:
+        for inst in quorum.members:
             await inst.client.config_resetstat()
         before = await server_stats(quorum)
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -231,7 +231,7 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
         for name, cls in SENDING.items():
             quorum = Quorum(settings.redis, Metrics(), transport=cls)
             try:
-                for inst in quorum.instances:
+                for inst in quorum.members:
                     await inst.client.flushall()
                 await quorum.check()
                 ids = [mark_digest(f"{round_no}-{name}-{i}".encode()) for i in range(args.digests)]
@@ -244,7 +244,7 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
             finally:
                 await quorum.close()
     console.print(
-        f"sending {args.digests:,} new ids in batches of {args.batch} to {args.instances} "
+        f"sending {args.digests:,} new ids in batches of {args.batch} to {args.members} "
         f"instances, chunks of {sizing.CHUNK_DIGESTS}, {sizing.CHUNKS_PER_TRIP} per round "
         f"trip; medians of {args.rounds} rounds"
     )
@@ -259,7 +259,7 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
 def main() -> int:
     args = parse()
     with tempfile.TemporaryDirectory(prefix="script-cost-") as state:
-        servers = [redis_server(Path(state), f"redis-{i}") for i in range(args.instances)]
+        servers = [redis_server(Path(state), f"redis-{i}") for i in range(args.members)]
         latency: subprocess.Popen[bytes] | None = None
         try:
             for server in servers:

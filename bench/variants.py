@@ -118,9 +118,9 @@ class NaiveQuorum(Quorum):
     """The patent's step 2: SETNX per message per instance, sequentially, no batching."""
 
     async def claim(self, digests: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
-        replies: list[list[Reply]] = [[] for _ in self.instances]
+        replies: list[list[Reply]] = [[] for _ in self.members]
         for digest, owner in zip(digests, owners, strict=True):
-            for inst, answers in zip(self.instances, replies, strict=True):
+            for inst, answers in zip(self.members, replies, strict=True):
                 key = self.prefix + digest  # a key per mark
                 was_set = await inst.client.set(key, owner, nx=True, px=self.ttl_ms)
                 answers.append(MINE if was_set else TAKEN)

@@ -223,7 +223,7 @@ def _confirm_unconditional_release(args: argparse.Namespace, message_id: bytes) 
             file=sys.stderr,
         )
         return 2
-    answer = input(f"Delete the mark of {shown!r} on every instance, whoever holds it? [y/N] ")
+    answer = input(f"Delete the mark of {shown!r} on every member, whoever holds it? [y/N] ")
     if answer.strip().lower() in ("y", "yes"):
         return None
     print("not released")

@@ -106,7 +106,7 @@ class KafkaSettings(_Section):
     # Gateway processes on this host (`run --workers N` overrides): one per core
     # it may use; all join `group_id` under one supervisor (docs/operations.md).
     workers: int = Field(default=1, ge=1, le=256)
-    # Most records fetched and voted on in one batch (one script call per instance).
+    # Most records fetched and voted on in one batch (one script call per member).
     max_batch_records: int = Field(default=2000, ge=1, le=100_000)
     # Longest a fetch waits at the broker for new records; bounds latency on
     # brokers that hold a fetch for its whole wait (Tansu does) and sets the
@@ -160,12 +160,12 @@ class RedisSettings(_Section):
     # aim for a few hundred marks per bucket at most, i.e. about
     # distinct ids per ttl / 2 / 300. Each live bucket costs about one Redis key.
     buckets: int = Field(default=16_384, ge=1, le=2**24)
-    # Per-instance bound on one round trip (up to sizing.CHUNKS_PER_TRIP chunks of
-    # sizing.CHUNK_DIGESTS digests); a slower instance counts as no answer.
+    # Per-member bound on one round trip (up to sizing.CHUNKS_PER_TRIP chunks of
+    # sizing.CHUNK_DIGESTS digests); a slower member counts as no answer.
     timeout: Duration = timedelta(milliseconds=500)
-    # How often every instance is pinged (and its epoch read) in the background.
+    # How often every member is pinged (and its epoch read) in the background.
     ping_interval: Duration = timedelta(seconds=2)
-    # Most marks waiting per instance to be completed there (it missed the
+    # Most marks waiting per member to be completed there (it missed the
     # vote); beyond it the oldest are dropped (counted).
     repair_backlog: int = Field(default=100_000, ge=0, le=10_000_000)
     # Hash-tag groups a Redis Cluster member's keys are split into (gateway/quorum/members.py):
@@ -178,11 +178,11 @@ class RedisSettings(_Section):
     @classmethod
     def _odd_count(cls, nodes: list[MultiHostUrl]) -> list[MultiHostUrl]:
         if len(nodes) % 2 == 0:
-            raise ValueError(f"needs an odd number of instances (1, 3, 5, ...), got {len(nodes)}")
+            raise ValueError(f"needs an odd number of members (1, 3, 5, ...), got {len(nodes)}")
         for node in nodes:
             check_member_url(node)
         if len({member_name(n) for n in nodes}) != len(nodes):
-            raise ValueError("lists the same instance twice")
+            raise ValueError("lists the same member twice")
         return nodes
 
     @field_validator("ttl")
@@ -218,7 +218,7 @@ class DedupSettings(_Section):
     enabled: bool = True
     # Where the message id comes from: "header:NAME", "key", "json:dotted.path", "hash".
     id: str = "header:message-id"
-    # What to do with a record no majority decides (instances down, split vote).
+    # What to do with a record no majority decides (members down, split vote).
     on_no_quorum: Literal["block", "forward", "drop"] = "block"
     # Ids longer than this are bad input (quarantined), not silently truncated.
     max_id_bytes: int = Field(default=1024, ge=1, le=1_048_576)
@@ -462,7 +462,7 @@ class Settings(TomlSettings):
 
     @property
     def quorum(self) -> int:
-        """m = N//2 + 1: how many instances make a majority."""
+        """m = N//2 + 1: how many members make a majority."""
         return len(self.redis.nodes) // 2 + 1
 
 
@@ -503,7 +503,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
 
 
 def _describe(exc: ValidationError) -> str:
-    """One line per problem: `redis.nodes: needs an odd number of instances ...`."""
+    """One line per problem: `redis.nodes: needs an odd number of members ...`."""
     lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"])

@@ -414,8 +414,8 @@ class Run:
         quorum = Quorum(settings.redis, Metrics())
         try:
             await quorum.refresh_epochs()
-            trusted = sum(1 for i in quorum.instances if i.up and i.trusted)
-            recovering = [i.name for i in quorum.instances if i.up and not i.trusted]
+            trusted = sum(1 for i in quorum.members if i.up and i.trusted)
+            recovering = [i.name for i in quorum.members if i.up and not i.trusted]
         finally:
             await quorum.close()
         if trusted == 0 or trusted >= quorum.majority:

@@ -10,17 +10,17 @@ is quarantined as `no_coalesce_key` before it claims its id) and belongs to a wi
   update's timestamp and at most `max_window` after its start; an update past
   that opens the next window.
 
-1. **Update** (raw path, before the raw offsets are committed): every instance
+1. **Update** (raw path, before the raw offsets are committed): every member
    keeps, per window, the newest version seen (timestamp, then source
    coordinates: `version`) and the number of updates (`scripts.COALESCE_UPDATE`).
 2. **Wait**: the record goes to a delay tier (gateway/delay/loop.py), due when its
    window closes as far as it knows (its end plus `[coalesce] grace`, by the
    gateway's clock), with `dedup-window: <start>/<end>`. An update taken after
    its window's close is counted as late (`late_by`).
-3. **Close** (the delay loop, when the record is due): the instances are read
-   (`scripts.COALESCE_CLOSE`) and `at_close` decides: a counted instance holds a
+3. **Close** (the delay loop, when the record is due): the members are read
+   (`scripts.COALESCE_CLOSE`) and `at_close` decides: a counted member holds a
    newer version: dropped (merged); fewer than a majority answered: asked again
-   later; no counted instance holds this record's version: the window's state is
+   later; no counted member holds this record's version: the window's state is
    gone (expired, or lost with members), quarantined (`window_expired`); the
    window was extended (trailing): wait again; else forwarded to the clean topic
    with `dedup-coalesced: <updates>` and the final `dedup-window`.
@@ -31,7 +31,7 @@ max_delay` from now is windowed by the time the gateway took it (`window_stamp`)
 its version (what "newest" compares) is still its own timestamp.
 
 Why only the newest emits, once: an update reaches a majority before its raw
-offset is committed, so of any two versions a majority saw, one instance that
+offset is committed, so of any two versions a majority saw, one member that
 answers at close saw both, and the older one's record finds the newer there.
 State and waiting records live in Redis and Kafka, so a SIGKILL loses no
 window: a replayed move repeats the same `dedup-token` (the Spark job keeps one).
@@ -93,7 +93,7 @@ class Verdict(enum.Enum):
     DROP = "drop"  # a newer version exists: merged into it
     WAIT = "wait"  # the window closes later than this record thought
     ASK_AGAIN = "ask_again"  # fewer than a majority answered
-    LOST = "lost"  # no counted instance holds this record's version: its state is gone
+    LOST = "lost"  # no counted member holds this record's version: its state is gone
     BAD = "bad"  # its headers were not written by a gateway (`problem` says why)
 
 
@@ -137,7 +137,7 @@ def at_close(
     grace_ms: int = 0,
 ) -> Closing:
     """The close decision for one waiting record (pure): `answers` are the counted
-    instances' (newest version, updates, newest timestamp), None for no answer.
+    members' (newest version, updates, newest timestamp), None for no answer.
 
     A window closes `grace_ms` after its end. The record's update reached a
     majority before it waited, so a counted majority holds its version or a newer
@@ -172,7 +172,7 @@ def window_stamp(timestamp_ms: int, now: int, ahead_ms: int) -> int:
 
 
 def agreed_start(starts: Sequence[int]) -> int | None:
-    """The window start most instances answered (ties: the earliest); None if none did."""
+    """The window start most members answered (ties: the earliest); None if none did."""
     if not starts:
         return None
     counts = Counter(starts)
@@ -244,9 +244,9 @@ class Coalescer:
         return mark_digest(self.key_of(_Row(key, value, headers)))
 
     async def update(self, rows: Sequence[OutRow]) -> list[tuple[OutRow, int]]:
-        """Write each decided-new row's version into its window on every instance; each
+        """Write each decided-new row's version into its window on every member; each
         row with `dedup-window` and when it is due to be looked at (its window's close,
-        end + grace, as far as the instances know). Counts the late updates."""
+        end + grace, as far as the members know). Counts the late updates."""
         if not rows:
             return []
         now = now_ms()
@@ -295,8 +295,8 @@ class Coalescer:
     async def _update_on_a_majority(
         self, digests: list[bytes], stamps: list[int], versions: list[str]
     ) -> list[list[tuple[int, bool, int]] | None]:
-        """The update, tried again (on the instances that did not answer) until a
-        majority of counted instances took it, at most UPDATE_TRIES times."""
+        """The update, tried again (on the members that did not answer) until a
+        majority of counted members took it, at most UPDATE_TRIES times."""
         answers: list[list[tuple[int, bool, int]] | None] = [None] * self.quorum.size
         c = self.shape
         for attempt in range(UPDATE_TRIES):
@@ -311,14 +311,14 @@ class Coalescer:
             if taken >= self.quorum.majority:
                 break
             logger.warning(
-                "coalesce update taken by %d of %d instances (attempt %d)",
+                "coalesce update taken by %d of %d members (attempt %d)",
                 taken, self.quorum.size, attempt + 1,
             )  # fmt: skip
             await asyncio.sleep(UPDATE_RETRY_S)
         return answers
 
     async def close(self, waiting: Sequence[Record]) -> list[Closing]:
-        """The close decision of each due record (`at_close`), read from every instance;
+        """The close decision of each due record (`at_close`), read from every member;
         BAD for one whose headers were not written by a gateway (the others go on)."""
         closings: list[Closing | None] = [None] * len(waiting)
         asked, digests, starts, mine = [], [], [], []

@@ -17,14 +17,14 @@ from gateway.quorum.quorum import Quorum
 
 
 async def inspect(settings: Settings, message_id: bytes, output: Output = "text") -> int:
-    """Print each instance's mark for `message_id`: owner token, TTL, bucket encoding."""
+    """Print each member's mark for `message_id`: owner token, TTL, bucket encoding."""
     quorum = Quorum(settings.redis, Metrics())
     digest = mark_digest(message_id)
     try:
         views = await quorum.inspect(digest)
     finally:
         await quorum.close()
-    names = [inst.name for inst in quorum.instances]
+    names = [inst.name for inst in quorum.members]
     if output == "json":
         waiting = await _scan(settings, message_id) if settings.delay.enabled else None
         print_json({

@@ -22,12 +22,12 @@ async def set_paused(
     quorum = Quorum(settings.redis, Metrics())
     try:
         await quorum.refresh_epochs()
-        target = next((i for i in quorum.instances if i.name == member), None)
-        names = [i.name for i in quorum.instances]
+        target = next((i for i in quorum.members if i.name == member), None)
+        names = [i.name for i in quorum.members]
         if target is None:
             print(f"no member {member!r}; members: {', '.join(names)}")
             return 2
-        others = [i.name for i in quorum.instances if i is not target and i.up and i.trusted
+        others = [i.name for i in quorum.members if i is not target and i.up and i.trusted
                   and not i.paused]  # fmt: skip
         if paused and len(others) < quorum.majority and not force:
             done, why = (

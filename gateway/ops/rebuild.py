@@ -1,10 +1,10 @@
-"""`dedup-gateway rebuild MEMBER`: copy the live marks into an instance that lost them.
+"""`dedup-gateway rebuild MEMBER`: copy the live marks into a member that lost them.
 
-An instance that restarted empty is *recovering* (gateway/quorum/keys.py, "Epochs"):
+A member that restarted empty is *recovering* (gateway/quorum/keys.py, "Epochs"):
 its answers do not count until a whole mark lifetime (1.5 x ttl) has passed.
 A rebuild shortens that to the copy time, while the gateways keep running:
 
-1. Read every instance's epoch; the member must answer and have one.
+1. Read every member's epoch; the member must answer and have one.
 2. Read the sources' marks bucket by bucket (`scripts.EXPORT`, short calls).
    With several sources, each digest's owner is picked by the vote's rule
    (most marks, ties to the smallest token: `vote.leader`) over what every
@@ -95,7 +95,7 @@ async def rebuild(
 
 
 async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress: Progress) -> int:
-    names = [inst.name for inst in quorum.instances]
+    names = [inst.name for inst in quorum.members]
     await quorum.refresh_epochs()
     target = _named(quorum, report.member)
     if target is None:
@@ -110,7 +110,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
             raise RebuildError(f"source {chosen.name} does not answer")
         sources = [chosen]
     else:
-        sources = [i for i in quorum.instances if i is not target and i.up and i.trusted]
+        sources = [i for i in quorum.members if i is not target and i.up and i.trusted]
         if not sources:
             raise RebuildError(
                 "no trusted member to copy from; name one with --from to take its marks as they are"
@@ -234,7 +234,7 @@ def _count(report: Report, result: int) -> None:
 
 
 def _named(quorum: Quorum, name: str) -> MemberLink | None:
-    return next((inst for inst in quorum.instances if inst.name == name), None)
+    return next((inst for inst in quorum.members if inst.name == name), None)
 
 
 def _print(report: Report, output: Literal["text", "json"]) -> None:

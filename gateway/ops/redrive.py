@@ -27,8 +27,8 @@ class _Outcome:
     id_b64: str
     dead_letter: str  # its coordinates on the dead-letter topic
     source: str  # the raw record it came from
-    deleted: int = 0  # instances where the dead-letter mark was deleted (dry: held)
-    not_held: int = 0  # instances that answered without holding it
+    deleted: int = 0  # members where the dead-letter mark was deleted (dry: held)
+    not_held: int = 0  # members that answered without holding it
     no_answer: int = 0
     reason: str = ""  # why it was not redriven, or skipped
 
@@ -41,7 +41,7 @@ async def redrive(
 
     Each record's mark is deleted where it still holds the dead-letter token,
     then the original key, value and headers go back to the raw topic. A
-    record is re-injected only when a majority of instances answered (each
+    record is re-injected only when a majority of members answered (each
     deleted the mark, or did not hold it: already released, expired, or a
     previous redrive that stopped before its commit), so the copy cannot be
     judged a duplicate of the dead letter. Otherwise that partition stops
@@ -152,11 +152,11 @@ class _Redrive:
         outcome.deleted = sum(1 for r in replies if r in RELEASED)
         outcome.no_answer = sum(1 for r in replies if r is None)
         outcome.not_held = len(replies) - outcome.deleted - outcome.no_answer
-        # The instances that answered no longer hold the dead-letter mark: with a
+        # The members that answered no longer hold the dead-letter mark: with a
         # majority of them, the re-injected copy cannot be its duplicate.
         if len(replies) - outcome.no_answer < self.quorum.majority:
             outcome.reason = (
-                f"{outcome.no_answer} of {self.quorum.size} instances gave no answer; "
+                f"{outcome.no_answer} of {self.quorum.size} members gave no answer; "
                 "stopped here, not committed past it"
             )
             self._report(self.stopped, outcome, "NOT redriven")

@@ -50,7 +50,7 @@ async def release(
     answers = [r for r in results if r is not None]
     ok = release_decision(answers, quorum.majority) in ("released", "repeated")
     states = [_release_state(r, dry_run, token is not None) for r in results]
-    names = [inst.name for inst in quorum.instances]
+    names = [inst.name for inst in quorum.members]
     if output == "json":
         print_json({
             **id_fields(message_id), "token": token, "dry_run": dry_run,
@@ -62,7 +62,7 @@ async def release(
     print(table(("instance", "result"), list(zip(names, states, strict=True))))
     verb = "would be released" if dry_run else "released"
     free = f" (no live mark on {unmarked})" if unmarked else ""
-    print(f"{verb} on {deleted} of {quorum.size} instances{free}: {'ok' if ok else 'NOT released'}")
+    print(f"{verb} on {deleted} of {quorum.size} members{free}: {'ok' if ok else 'NOT released'}")
     return 0 if ok else 1
 
 

@@ -67,7 +67,7 @@ class Admin:
             owner, ttl, encoding = found
             return MarkView(owner.decode(), int(ttl), encoding.decode(), by)
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.q.instances)))
+        return list(await asyncio.gather(*(one(inst) for inst in self.q.members)))
 
     async def lookup(self, inst: MemberLink, digests: Sequence[bytes]) -> list[Any] | None:
         """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `inst`;

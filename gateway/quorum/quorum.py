@@ -65,13 +65,13 @@ class Quorum:
         self.layout: list[Any] = [self.prefix, *tail]  # a standalone member's
         self.size = len(settings.nodes)
         self.majority = self.size // 2 + 1
-        self.instances: list[MemberLink] = []
+        self.members: list[MemberLink] = []
         for url in settings.nodes:
             count = settings.cluster_groups if is_cluster(url) else 1
             client = client_for(url, self.timeout, count)
             # `buckets` counts a member's buckets per slice: a cluster's groups share them.
             per_group = (*tail[:2], max(1, settings.buckets // count))
-            self.instances.append(
+            self.members.append(
                 MemberLink(
                     name=member_name(url),
                     client=client,
@@ -89,9 +89,9 @@ class Quorum:
         # A mark lives at most ttl * (1 + 1/SLICES_BACK): after that long, a member
         # that lost its data has every mark it could have missed gone too.
         recovery_ms = self.ttl_ms + self.ttl_ms // scripts.SLICES_BACK
-        self.behind = Behind(self.instances, self._via, self.ttl_ms, metrics)
+        self.behind = Behind(self.members, self._via, self.ttl_ms, metrics)
         self.epochs = Epochs(
-            self.instances, self._via, self.majority, self.timeout, recovery_ms, self.behind.run_id
+            self.members, self._via, self.majority, self.timeout, recovery_ms, self.behind.run_id
         )
         self._standalone = transport(self.epochs.refused)
         self._cluster = ClusterTransport(self.epochs.refused)
@@ -121,14 +121,14 @@ class Quorum:
     @property
     def healthy(self) -> bool:
         """A majority of members answers and holds the marks it was given."""
-        return sum(i.up and i.counted for i in self.instances) >= self.majority
+        return sum(i.up and i.counted for i in self.members) >= self.majority
 
     def why_unhealthy(self) -> str:
         """For /readyz: which members keep the quorum from a trusted majority."""
-        down = ", ".join(i.name for i in self.instances if not i.up)
-        paused = ", ".join(i.name for i in self.instances if i.up and i.paused)
+        down = ", ".join(i.name for i in self.members if not i.up)
+        paused = ", ".join(i.name for i in self.members if i.up and i.paused)
         recovering = ", ".join(
-            i.name for i in self.instances if i.up and not i.paused and not i.trusted
+            i.name for i in self.members if i.up and not i.paused and not i.trusted
         )
         why = f"no Redis majority ({self.majority} of {self.size}) up and trusted"
         if down:
@@ -141,7 +141,7 @@ class Quorum:
 
     def counted(self) -> list[bool]:
         """Per member, whether the vote may count its answers (trusted, not paused)."""
-        return [inst.counted for inst in self.instances]
+        return [inst.counted for inst in self.members]
 
     async def wait_for_majority(
         self, stop: asyncio.Event, retry_s: float = 1.0, report_max_s: float = 60.0
@@ -158,7 +158,7 @@ class Quorum:
         while not stop.is_set():
             await self.refresh_epochs(patient=True)
             # After the round, `failure` is set exactly on the members that did not answer.
-            failed = {inst.name: inst.failure for inst in self.instances if inst.failure}
+            failed = {inst.name: inst.failure for inst in self.members if inst.failure}
             refused = [f"{name} ({detail})" for name, (kind, detail) in failed.items()
                        if kind == "auth"]  # fmt: skip
             if refused:
@@ -194,7 +194,7 @@ class Quorum:
         """Read every member's epoch (which pings it), then send queued fills to
         the members that answer."""
         await self.refresh_epochs()
-        await asyncio.gather(*(self._drain(inst) for inst in self.instances if inst.up))
+        await asyncio.gather(*(self._drain(inst) for inst in self.members if inst.up))
 
     async def _drain(self, inst: MemberLink) -> None:
         await self.fills.drain(inst)
@@ -207,8 +207,8 @@ class Quorum:
         stay noted as behind (not counted by the next gateway) until a rebuild
         completes them or the notes expire (gateway/quorum/behind.py)."""
         deadline = asyncio.get_running_loop().time() + bound_s
-        await asyncio.gather(*(self._drain_until(inst, deadline) for inst in self.instances))
-        for inst in self.instances:
+        await asyncio.gather(*(self._drain_until(inst, deadline) for inst in self.members))
+        for inst in self.members:
             if inst.backlog:
                 lost = len(inst.backlog)
                 self.metrics.repairs_lost_at_stop.labels(inst.name).inc(lost)
@@ -246,7 +246,7 @@ class Quorum:
         Every digest must have the same length (they do: `keys.mark_digest`).
         """
         if not digests:
-            return [[] for _ in self.instances]
+            return [[] for _ in self.members]
         if not self.epochs.read:
             await self.refresh_epochs()
         n, width = len(digests), len(digests[0])
@@ -285,8 +285,8 @@ class Quorum:
                 place(replies, positions, result)
             return replies
 
-        out = list(await asyncio.gather(*(one(inst) for inst in self.instances)))
-        missed = [inst for inst, replies in zip(self.instances, out, strict=True)
+        out = list(await asyncio.gather(*(one(inst) for inst in self.members)))
+        missed = [inst for inst, replies in zip(self.members, out, strict=True)
                   if None in replies]  # fmt: skip
         if missed:  # they will get fills: noted before the batch can be committed
             await self.behind.note(missed)
@@ -297,7 +297,7 @@ class Quorum:
     def queue_fills(self, per_instance: Sequence[Iterable[Fill]]) -> None:
         """Marks to complete later: per member, (digest, winner, token sent) for the
         votes it gave no answer to (see scripts.FILL)."""
-        for inst, fills in zip(self.instances, per_instance, strict=True):
+        for inst, fills in zip(self.members, per_instance, strict=True):
             self.fills.queue(inst, fills)
 
     async def repair(self, per_instance: Sequence[list[tuple[bytes, str, str]]]) -> int:
@@ -328,7 +328,7 @@ class Quorum:
             return sum(int(result or 0) for _, result in results)
 
         results = await asyncio.gather(
-            *(one(inst, todo) for inst, todo in zip(self.instances, per_instance, strict=True))
+            *(one(inst, todo) for inst, todo in zip(self.members, per_instance, strict=True))
         )
         repaired = sum(results)
         self.metrics.repairs.inc(repaired)
@@ -373,7 +373,7 @@ class Quorum:
             return [(("mark_done", keys, [refs[k] for k in items]), items)]
 
         await asyncio.gather(*(self._via(i).grouped(i, "mark_done", digests, plan)
-                               for i in self.instances))  # fmt: skip
+                               for i in self.members))  # fmt: skip
 
     async def per_item_on_counted(
         self, what: str, digests: Sequence[bytes],
@@ -399,7 +399,7 @@ class Quorum:
                 return [None] * len(digests)
             return out
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.instances)))
+        return list(await asyncio.gather(*(one(inst) for inst in self.members)))
 
     # -- the parts' calls, as the callers know them ---------------------------------
 
@@ -415,5 +415,5 @@ class Quorum:
         return await inst.timed(script, call)
 
     async def close(self) -> None:
-        for inst in self.instances:
+        for inst in self.members:
             await inst.close()

@@ -26,7 +26,7 @@ class Windows:
         window's newest timestamp before it, 0 if none); None where the member gave no
         answer (or had another epoch), or is not `on`."""
         if not digests:
-            return [[] for _ in self.q.instances]
+            return [[] for _ in self.q.members]
         if not self.q.epochs.read:
             await self.q.refresh_epochs()
         width = len(digests[0])
@@ -49,7 +49,7 @@ class Windows:
         asked = on if on is not None else [True] * self.q.size
         out = list(
             await asyncio.gather(
-                *(one(inst, a) for inst, a in zip(self.q.instances, asked, strict=True))
+                *(one(inst, a) for inst, a in zip(self.q.members, asked, strict=True))
             )
         )
         if self.q.epochs.reread:
@@ -62,7 +62,7 @@ class Windows:
         """Per member, per window: (newest version or '', updates, newest timestamp);
         None where the member gave no answer."""
         if not digests:
-            return [[] for _ in self.q.instances]
+            return [[] for _ in self.q.members]
         width = len(digests[0])
 
         async def one(inst: MemberLink) -> list[tuple[str, int, int]] | None:
@@ -76,4 +76,4 @@ class Windows:
                 return None
             return [(v.decode(), int(n), int(last)) for v, n, last in flat]
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.q.instances)))
+        return list(await asyncio.gather(*(one(inst) for inst in self.q.members)))

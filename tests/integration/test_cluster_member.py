@@ -55,7 +55,7 @@ async def owners_on(
     quorum = cluster_quorum(cluster, **redis)
     try:
         await quorum.refresh_epochs()
-        found = await quorum.lookup(quorum.instances[0], [mark_digest(i.encode()) for i in ids])
+        found = await quorum.lookup(quorum.members[0], [mark_digest(i.encode()) for i in ids])
     finally:
         await quorum.close()
     assert found is not None, "the cluster member does not answer"
@@ -187,7 +187,7 @@ async def test_a_cluster_node_restarting_empty_makes_the_member_recovering_until
         await wait_committed(broker, topics.group, topics.raw, done)
         down = gateway.metrics.redis_groups_down.labels(cluster.name_label)._value.get()
         assert 0 < down < settings.redis.cluster_groups
-        assert gateway.quorum.instances[0].up
+        assert gateway.quorum.members[0].up
         node.start()  # no persistence: it comes back empty, owning the same slots
         cluster.wait_agreed()
         await eventually(lambda: gateway.quorum.counted() == [False, True, True],
@@ -239,7 +239,7 @@ async def test_resharding_a_paused_cluster_member_while_records_flow_loses_and_r
         done = {p: first.per_partition[p] + second.per_partition[p] for p in first.per_partition}
         await wait_committed(broker, topics.group, topics.raw, done)
         await eventually(lambda: gateway.quorum.counted() == [True, True, True]
-                         and not gateway.quorum.instances[0].backlog,
+                         and not gateway.quorum.members[0].backlog,
                          what="resumed, and the marks it missed filled in")  # fmt: skip
 
         # With one standalone member gone, the cluster's answers decide: the marks
@@ -331,7 +331,7 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         fresh = [mark_digest(f"f-{n}".encode()) for n in range(100)]
         quorum.queue_fills([[(d, "5", "4") for d in fresh]])
         await quorum.check()
-        assert not quorum.instances[0].backlog
+        assert not quorum.members[0].backlog
         assert await quorum.claim(fresh, ["6"] * 100) == [["5"] * 100]
         windows = await quorum.coalesce_update(digests[:4], [1000] * 4, ["1", "2", "3", "4"],
                                                "fixed", 1000, 5000)  # fmt: skip
@@ -339,9 +339,9 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         assert await quorum.coalesce_close(digests[:4], [1000] * 4) == [
             [(v, 1, 1000) for v in ("1", "2", "3", "4")]
         ]
-        found = await quorum.lookup(quorum.instances[0], digests[100:103])
+        found = await quorum.lookup(quorum.members[0], digests[100:103])
         assert found is not None and [o for o, _ in found] == [b"101", b"102", b"103"]
-        assert not quorum.instances[0].down_groups
+        assert not quorum.members[0].down_groups
     finally:
         await quorum.close()
 
@@ -357,7 +357,7 @@ async def test_calls_pipelined_to_a_master_that_no_longer_holds_their_slots_foll
     try:
         digests = [mark_digest(f"m-{n}".encode()) for n in range(800)]
         assert await quorum.claim(digests, ["5"] * 800) == [[MINE] * 800]
-        assert quorum.instances[0].nodes, "the calls went by node"
+        assert quorum.members[0].nodes, "the calls went by node"
         source, target = cluster.ports[0], cluster.ports[1]
         group_keys = [f"dd:{{{k}.16}}slice".encode() for k in range(16)]
         moving = [key for key in group_keys if cluster.slot_owner_port(key) == source]
@@ -368,7 +368,7 @@ async def test_calls_pipelined_to_a_master_that_no_longer_holds_their_slots_foll
         assert moved, "no digest in a moved group"
         assert await quorum.claim(digests, ["6"] * 800) == [["5"] * 800]
         assert total(quorum.metrics.redis_errors) == 0
-        assert not quorum.instances[0].down_groups
+        assert not quorum.members[0].down_groups
     finally:
         await quorum.close()
 
@@ -395,9 +395,9 @@ async def test_a_hung_master_holds_back_only_its_own_groups_calls(redis_clusters
             cluster.node(hung).resume()
         assert {k for k, r in enumerate(replies) if r is None} == on_hung
         assert {r for k, r in enumerate(replies) if k not in on_hung} == {"5"}
-        assert quorum.instances[0].down_groups == groups_there
+        assert quorum.members[0].down_groups == groups_there
         assert await quorum.claim(digests, ["7"] * n) == [["5"] * n]
-        assert not quorum.instances[0].down_groups
+        assert not quorum.members[0].down_groups
     finally:
         await quorum.close()
 
@@ -452,7 +452,7 @@ async def test_a_master_failing_over_to_its_replica_leaves_the_member_trusted_wi
         # The replica has the epoch copies: the member stays trusted, and once the
         # client follows the new master every group answers again.
         await eventually(lambda: gateway.metrics.redis_groups_down.labels(member)._value.get()
-                         == 0 and not gateway.quorum.instances[0].backlog,
+                         == 0 and not gateway.quorum.members[0].backlog,
                          what="every group answers, the marks it missed filled in")  # fmt: skip
         assert total(gateway.metrics.redis_errors, redis=member) > 0  # the failover was felt
         assert gateway.quorum.counted() == [True, True, True]

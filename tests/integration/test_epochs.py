@@ -143,7 +143,7 @@ async def test_a_fresh_deployment_starts_trusted_and_every_gateway_agrees_on_a_r
         assert lost is not None and lost.state == EPOCH_RECOVERING
         assert lost.id != epochs[0].id  # type: ignore[union-attr]
         for quorum in (first, second):
-            assert quorum.instances[0].epoch == lost
+            assert quorum.members[0].epoch == lost
             assert quorum.counted() == [False, True, True]
             assert quorum.healthy  # two of three trusted
             assert quorum.metrics.redis_recovering.labels(servers[0].name_label)._value.get() == 1
@@ -161,7 +161,7 @@ async def test_a_claim_that_expects_another_epoch_writes_nothing(redis_servers: 
     (server,) = redis_servers(1)
     async with alone(server) as quorum, aioredis.Redis(port=server.port) as client:
         await quorum.check()
-        epoch = quorum.instances[0].epoch
+        epoch = quorum.members[0].epoch
         assert epoch is not None
         script = client.register_script(scripts.CLAIM)
         digest = mark_digest(b"m")

@@ -89,7 +89,7 @@ async def test_lowering_ttl_keeps_a_mark_searchable_for_the_ttl_it_was_claimed_u
     claimed_at = time.monotonic()
     assert await before.claim([mark], ["7"]) == [[MINE]]
     filler = iter(digests("lowered-filler", 1000))
-    meta, client = after.prefix + b"slice", after.instances[0].client
+    meta, client = after.prefix + b"slice", after.members[0].client
     opened_from = int(await client.hget(meta, "id") or 0)
     while time.monotonic() - claimed_at < 3.3:
         # The lower ttl's short slices open one after another while time passes.
@@ -140,7 +140,7 @@ async def test_a_released_mark_in_an_older_slice_frees_the_id_the_same_way(
     assert await quorum.claim([mark], ["1"]) == [[MINE]]
     assert await quorum.release([mark], ["1"]) == [[1]]
     filler = iter(digests("rel-filler", 100))
-    meta, client = quorum.prefix + b"slice", quorum.instances[0].client
+    meta, client = quorum.prefix + b"slice", quorum.members[0].client
     slice_of_release = await client.hget(meta, "id")
     assert slice_of_release is not None
     while await client.hget(meta, "id") == slice_of_release:
@@ -225,7 +225,7 @@ async def test_a_bucket_expiry_is_read_once_per_slice_and_every_bucket_expires(
     """The expiry ledger (scripts.ledger_of): a bucket's PTTL is read the first time
     the slice writes to it, not once per call; every bucket still has an expiry."""
     quorum = quorum_on(buckets=4)
-    redis: aioredis.Redis = quorum.instances[0].client
+    redis: aioredis.Redis = quorum.members[0].client
 
     async def pttl_calls() -> int:
         return int((await redis.info("commandstats")).get("cmdstat_pttl", {}).get("calls", 0))
@@ -273,7 +273,7 @@ async def bytes_per_mark(quorum: Quorum, ids: list[bytes], encoding: str) -> flo
     One batch of other ids goes first, so that what is allocated once (the
     connection's buffers, the script cache, the slice meta, the epoch) is not
     counted per mark."""
-    redis: aioredis.Redis = quorum.instances[0].client
+    redis: aioredis.Redis = quorum.members[0].client
     await redis.flushall()
     owner = owner_token("raw", 0, 1)  # 19 digits, as in production
     warm = digests("warm-up", 2000)

@@ -87,7 +87,7 @@ async def test_the_backlog_is_bounded_dropping_the_oldest_and_counting_them() ->
         fills = [(mark_digest(f"b-{n}".encode()), "1", "1") for n in range(25)]
         quorum.queue_fills([fills[:20]])
         quorum.queue_fills([fills[20:]])
-        (inst,) = quorum.instances
+        (inst,) = quorum.members
         assert list(inst.backlog) == fills[15:]  # the newest ten
         assert quorum.metrics.repair_backlog.labels(inst.name)._value.get() == 10
         assert counter_value(quorum.metrics.repairs_dropped, inst.name) == 15

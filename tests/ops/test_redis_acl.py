@@ -109,9 +109,9 @@ async def test_a_cluster_member_works_behind_the_documented_acl_on_every_node(
         await produce(broker, topics.raw, [(b"k", b"v", [("message-id", i)]) for i in ids])
         await wait_committed(broker, topics.group, topics.raw, {0: 2 * len(ids)})
         assert (counter_value(m.forwarded), counter_value(m.duplicates)) == (len(ids), len(ids))
-        assert gateway.quorum.instances[0].nodes, "no per-node pipeline was used"
+        assert gateway.quorum.members[0].nodes, "no per-node pipeline was used"
         # What a missing grant or credential gives: NOPERM (a response error), WRONGPASS
         # (auth). A timeout is the loaded machine's, not the ACL's: it is counted apart.
-        name = gateway.quorum.instances[0].name
+        name = gateway.quorum.members[0].name
         for kind in ("auth", "response", "other"):
             assert total(m.redis_errors, redis=name, kind=kind) == 0, kind

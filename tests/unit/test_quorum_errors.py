@@ -17,7 +17,7 @@ def quorum() -> Quorum:
 
 async def test_a_write_to_a_connection_the_server_closed_counts_as_no_answer() -> None:
     q = quorum()
-    (inst,) = q.instances
+    (inst,) = q.members
 
     async def closed_under_the_handshake() -> None:
         # What uvloop raises, and redis-py passes on, when a reconnect's HELLO meets a
@@ -35,7 +35,7 @@ async def test_a_write_to_a_connection_the_server_closed_counts_as_no_answer() -
 
 async def test_any_other_runtime_error_is_a_bug_and_is_raised() -> None:
     q = quorum()
-    (inst,) = q.instances
+    (inst,) = q.members
 
     async def bug() -> None:
         raise RuntimeError("something of ours")
