@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -29,6 +31,24 @@ from tests.integration.test_delay import TIERS, create_all, delay_settings, poll
 from tests.integration.test_first_hour import bounded, run, write_config
 
 JOINED = "delay tier partitions assigned"
+
+
+def stop_cleanly(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM: the gateway drains and exits 0 (else its log's tail is the message)."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+
+
+async def check_each_once_when_due(
+    records: list[tuple[Any, int]], due_of: dict[str, int], broker: str, topics: Topics
+) -> None:
+    """Every waiting record delivered once (by `dedup-id`), none before its due time,
+    none quarantined."""
+    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in records)
+    assert delivered == Counter(set(due_of)), "each waiting record once"
+    for rec, read_ms in records:
+        assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
+    assert await read_topic(broker, topics.quarantine) == []
 
 
 async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_once_when_due(
@@ -62,8 +82,7 @@ async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_on
                 await producer.stop()
             await wait_committed(broker, topics.group, topics.raw, {0: 20})
             assert len(await read_topic(broker, removed)) == 20, "the records wait in that tier"
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            stop_cleanly(proc, log)
             after_toml = write_toml(tmp_path / "after.toml", after)
             shown = await asyncio.to_thread(
                 subprocess.run,
@@ -79,13 +98,8 @@ async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_on
                        "every waiting record delivered", proc)  # fmt: skip
             assert f"tier topic(s) {removed} are not in [delay] tiers" in log.read_text()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
-    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in seen.records)
-    assert delivered == Counter(set(due_of)), "each waiting record once"
-    for rec, read_ms in seen.records:
-        assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
-    assert await read_topic(broker, topics.quarantine) == []
+        stop_cleanly(proc, log)
+    await check_each_once_when_due(seen.records, due_of, broker, topics)
 
 
 async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
@@ -121,20 +135,14 @@ async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
             finally:
                 await producer.stop()
             await wait_committed(broker, topics.group, topics.raw, {0: 11})
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            stop_cleanly(proc, log)
             proc = start_process(write_toml(tmp_path / "after.toml", after), log)
             wait_s = (max(due_of.values()) - now_ms()) / 1000 + 30
             await poll(lambda: len(new.records) >= 10, wait_s, "every waiting record", proc)
             assert len(old.records) == 1
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
-    delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in new.records)
-    assert delivered == Counter(set(due_of)), "each waiting record once, on the new clean topic"
-    for rec, read_ms in new.records:
-        assert read_ms >= due_of[dict(rec.headers)["dedup-id"].decode()], "delivered early"
-    assert await read_topic(broker, topics.quarantine) == []
+        stop_cleanly(proc, log)
+    await check_each_once_when_due(new.records, due_of, broker, topics)
 
 
 async def test_windowed_records_waiting_when_coalescing_is_switched_off_are_delivered_once(
@@ -170,16 +178,14 @@ async def test_windowed_records_waiting_when_coalescing_is_switched_off_are_deli
             finally:
                 await producer.stop()
             await wait_committed(broker, topics.group, topics.raw, {0: len(sent)})
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            stop_cleanly(proc, log)
             assert now_ms() < start + window_ms, "the windows closed before the restart"
             proc = start_process(write_toml(tmp_path / "after.toml", after), log)
             closes_in_s = (start + window_ms - now_ms()) / 1000
             everything = len(sent)
             await poll(lambda: len(seen.records) >= everything, closes_in_s + 30, "all", proc)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+        stop_cleanly(proc, log)
     delivered = Counter(dict(rec.headers)["dedup-id"].decode() for rec, _ in seen.records)
     assert delivered == Counter(set(sent)), "each version once"
     for rec, read_ms in seen.records:
