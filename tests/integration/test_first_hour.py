@@ -18,46 +18,33 @@ from tests.ops.test_redis_acl import documented_acl
 def write_config(
     path: Path, broker: str, prefix: str, nodes: list[str], delay: bool = False
 ) -> Path:
-    lines = (
-        [
-            "[kafka]",
-            f'bootstrap_servers = "{broker}"',
-            f'clean_topic = "{prefix}-clean"',
-            f'failure_topic = "{prefix}-failures"',
-            f'quarantine_topic = "{prefix}-quarantine"',
-            f'dead_letter_topic = "{prefix}-dead"',
-            f'group_id = "{prefix}-group"',
-            "[redis]",
-            "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]",
-            "[delay]",
-            f"enabled = {'true' if delay else 'false'}",
-            'tiers = ["1s", "1m"]',
-            "[[lanes]]",
-            'name = "orders"',
-            f'raw_topics = ["{prefix}-orders"]',
-            f'clean_topic = "{prefix}-orders-clean"',
-            "[[lanes]]",
-            'name = "bulk"',
-            f'raw_topics = ["{prefix}-bulk"]',
-        ]
-        if not delay
-        else [
-            "[kafka]",
-            f'bootstrap_servers = "{broker}"',
-            f'raw_topics = ["{prefix}-raw"]',
-            f'clean_topic = "{prefix}-clean"',
-            f'failure_topic = "{prefix}-failures"',
-            f'quarantine_topic = "{prefix}-quarantine"',
-            f'dead_letter_topic = "{prefix}-dead"',
-            f'group_id = "{prefix}-group"',
-            "[redis]",
-            "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]",
-            "[delay]",
-            "enabled = true",
-            'tiers = ["1s", "1m"]',
-        ]
-    )
-    path.write_text("\n".join(lines) + "\n")
+    """Without `delay`: two lanes (one with its own clean topic) and delay off; with
+    it: one raw topic and the delay tiers on."""
+    kafka = [
+        "[kafka]",
+        f'bootstrap_servers = "{broker}"',
+        *([f'raw_topics = ["{prefix}-raw"]'] if delay else []),
+        f'clean_topic = "{prefix}-clean"',
+        f'failure_topic = "{prefix}-failures"',
+        f'quarantine_topic = "{prefix}-quarantine"',
+        f'dead_letter_topic = "{prefix}-dead"',
+        f'group_id = "{prefix}-group"',
+        "[redis]",
+        "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]",
+        "[delay]",
+        f"enabled = {'true' if delay else 'false'}",
+        'tiers = ["1s", "1m"]',
+    ]
+    lanes = [
+        "[[lanes]]",
+        'name = "orders"',
+        f'raw_topics = ["{prefix}-orders"]',
+        f'clean_topic = "{prefix}-orders-clean"',
+        "[[lanes]]",
+        'name = "bulk"',
+        f'raw_topics = ["{prefix}-bulk"]',
+    ]
+    path.write_text("\n".join(kafka if delay else kafka + lanes) + "\n")
     return path
 
 
