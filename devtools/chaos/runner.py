@@ -53,6 +53,7 @@ from gateway.config import load_settings
 from gateway.contract.records import H_ERROR, H_SOURCE
 from gateway.metrics import Metrics
 from gateway.ops.rebuild import rebuild
+from gateway.quorum.keys import EPOCH_TRUSTED
 from gateway.quorum.quorum import Quorum
 
 PROGRESS_DEADLINE_S = 60.0  # before each fault, the group must commit something new
@@ -407,23 +408,32 @@ class Run:
     async def _runbook(self, toml: Path) -> bool:
         """What the operator does once the faults are over (docs/operations.md,
         "Rebuild runbook"): while the trusted members are fewer than a majority but
-        some are, rebuild members that lost their marks from them. Two members
-        emptied at once (profile `beyond`) stop the pipeline until then, as the
-        README says; the guarantees never need it. Whether it rebuilt any."""
+        some are, rebuild members that lost their marks from them; when none is, but
+        one kept its data and is not counted only because a stopped gateway run noted
+        it behind, rebuild a majority from it (`--from`: the fills that run held are
+        lost). Two members emptied at once (profile `beyond`) stop the pipeline until
+        then, as the README says; the guarantees never need it. Whether it rebuilt any."""
         settings = load_settings(toml)
         quorum = Quorum(settings.redis, Metrics())
         try:
             await quorum.refresh_epochs()
             trusted = sum(1 for i in quorum.members if i.up and i.trusted)
-            recovering = [i.name for i in quorum.members if i.up and not i.trusted]
+            recovering = [i for i in quorum.members if i.up and not i.trusted]
+            kept = [i.name for i in recovering if i.epoch and i.epoch.state == EPOCH_TRUSTED]
         finally:
             await quorum.close()
-        if trusted == 0 or trusted >= quorum.majority:
+        if trusted >= quorum.majority or not (trusted or kept):
             return False
-        for name in recovering[: quorum.majority - trusted]:
+        source = None if trusted else kept[0]
+        targets = [i.name for i in recovering if i.name != source]
+        for name in targets[: quorum.majority - trusted]:
             with contextlib.redirect_stdout(None):  # its report: the exit code says enough
-                code = await rebuild(settings, name, source=None, dry_run=False, output="json")
-            self.event(f"runbook: `dedup-gateway rebuild {name}` exited {code}")
+                code = await rebuild(settings, name, source=source, dry_run=False, output="json")
+            self.event(
+                f"runbook: `dedup-gateway rebuild {name}"
+                + (f" --from {source}" if source else "")
+                + f"` exited {code}"
+            )
         return True
 
     async def _settle(

@@ -112,9 +112,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
     else:
         sources = [i for i in quorum.members if i is not target and i.up and i.trusted]
         if not sources:
-            raise RebuildError(
-                "no trusted member to copy from; name one with --from to take its marks as they are"
-            )
+            raise RebuildError("no trusted member to copy from; " + _from_hint(quorum, target))
     report.sources = [s.name for s in sources]
     if not target.up or target.epoch is None:
         raise RebuildError(f"{target.name} does not answer or has no epoch yet; try again")
@@ -132,6 +130,23 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
     await quorum.behind.forget(target)  # complete now: no gateway's note about it holds
     report.epoch_after = trusted.raw
     return OK
+
+
+def _from_hint(quorum: Quorum, target: MemberLink) -> str:
+    """Which member `--from` should name: one that kept its data (its epoch says
+    trusted) and is not counted only because a stopped gateway run noted it missed
+    fills lacks just those; an emptied one gives nothing."""
+    kept = [
+        i.name for i in quorum.members
+        if i is not target and i.up and i.epoch is not None and i.epoch.state == EPOCH_TRUSTED
+    ]  # fmt: skip
+    if kept:
+        return (
+            f"{', '.join(kept)} kept its data (not counted: noted as behind by a stopped "
+            f"gateway run, it lacks only the fills that run held); take its marks with "
+            f"--from {kept[0]}"
+        )
+    return "name one with --from to take its marks as they are"
 
 
 async def _copy_from(

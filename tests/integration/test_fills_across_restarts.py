@@ -8,11 +8,13 @@ counted until `dedup-gateway rebuild` completes it, and the copy is a duplicate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,10 @@ import pytest
 from devtools.harness import Topics, clean_ids, make_settings, produce, write_toml
 from devtools.localstack import free_port
 from devtools.topics import committed_offsets, wait_committed
+from gateway.config import load_settings
 from gateway.contract.tokens import owner_token
+from gateway.metrics import Metrics
+from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 from tests.integration.test_epochs import restart_empty
 
@@ -76,25 +81,28 @@ async def decided_or_blocked(broker: str, topics: Topics, partition: int, log: P
         await asyncio.sleep(0.05)
 
 
-async def cli(config: Path, *args: str) -> None:
-    """`dedup-gateway VERB --config FILE ARGS`, which must succeed."""
+async def cli(config: Path, *args: str, expect: int = 0) -> str:
+    """`dedup-gateway VERB --config FILE ARGS`, which must exit `expect`; its output."""
     verb = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", args[0], "--config", str(config), *args[1:],
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     output, _ = await asyncio.wait_for(verb.communicate(), 120)
-    assert verb.returncode == 0, output.decode()
+    assert verb.returncode == expect, output.decode()
+    return output.decode()
 
 
 def record(message_id: str) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
     return [(None, b"{}", [("message-id", message_id.encode())])]
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-async def test_marks_a_paused_member_missed_are_not_lost_across_a_gateway_restart(
+@contextlib.asynccontextmanager
+async def c_noted_behind(
     broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path,
     stop: signal.Signals,
-) -> None:  # fmt: skip
+) -> AsyncIterator[Scene]:  # fmt: skip
+    """C misses X (paused), the gateway that holds its fill stops with `stop`, a new
+    gateway starts and C is resumed: it lacks X and a stopped run's note says so."""
     topics = Topics(names)
     await topics.create(broker)
     a, b, c = redis_servers(3)
@@ -119,19 +127,90 @@ async def test_marks_a_paused_member_missed_are_not_lost_across_a_gateway_restar
         gateway = start(config, port, log)
         await cli(config, "resume", c.name_label)  # C lacks X
         await wait_for("the new gateway ready", lambda s, _: s == 200, port, log)
-        restart_empty(a)
-        lost = (f"Redis member {a.name_label} lost its data", f"{a.name_label} is recovering")
-        await wait_for("A recovering", lambda *_: any(w in text(log) for w in lost),
-                       port, log)  # fmt: skip
-        await produce(broker, topics.raw, record("X"), partition=copy_at)
-        # Decided (committed: today's code forwarded it) or blocked (no majority counted).
-        await decided_or_blocked(broker, topics, copy_at, log)
-        assert await clean_ids(broker, topics.clean) == {"warm-up": 1, "X": 1}
-        _, body = await readyz(port)
-        assert c.name_label in body, body  # not counted: noted behind by the stopped run
-        await cli(config, "rebuild", c.name_label)
-        await wait_committed(broker, topics.group, topics.raw, {first_at: 2, copy_at: 1})
-        assert await clean_ids(broker, topics.clean) == {"warm-up": 1, "X": 1}
+        yield Scene(topics, config, port, log, (a, b, c), first_at, copy_at)
     finally:
         gateway.terminate()
         gateway.wait(timeout=60)
+
+
+@dataclass
+class Scene:
+    topics: Topics
+    config: Path
+    port: int
+    log: Path
+    members: tuple[Any, Any, Any]
+    first_at: int  # X's partition
+    copy_at: int  # the copy's: its token is smaller
+
+
+async def empty(scene: Scene, *members: Any) -> None:
+    """Restart `members` empty; until the gateway logs that each lost its data."""
+    for member in members:
+        restart_empty(member)
+    for member in members:
+        lost = (f"Redis member {member.name_label} lost its data",
+                f"{member.name_label} is recovering")  # fmt: skip
+        await wait_for(f"{member.name_label} recovering",
+                       lambda *_, lost=lost: any(w in text(scene.log) for w in lost),
+                       scene.port, scene.log)  # fmt: skip
+
+
+async def note_behind(config: Path, member: str) -> None:
+    """What a gateway run that holds fills for `member` writes on the others, then
+    stops without sending them (gateway/quorum/behind.py)."""
+    quorum = Quorum(load_settings(config).redis, Metrics())
+    try:
+        await quorum.refresh_epochs()
+        await quorum.behind.note([i for i in quorum.members if i.name == member])
+    finally:
+        await quorum.close()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_marks_a_paused_member_missed_are_not_lost_across_a_gateway_restart(
+    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path,
+    stop: signal.Signals,
+) -> None:  # fmt: skip
+    async with c_noted_behind(broker, redis_servers, names, tmp_path, stop) as scene:
+        a, _, c = scene.members
+        await empty(scene, a)
+        await produce(broker, scene.topics.raw, record("X"), partition=scene.copy_at)
+        # Decided (committed: today's code forwarded it) or blocked (no majority counted).
+        await decided_or_blocked(broker, scene.topics, scene.copy_at, scene.log)
+        assert await clean_ids(broker, scene.topics.clean) == {"warm-up": 1, "X": 1}
+        _, body = await readyz(scene.port)
+        assert c.name_label in body, body  # not counted: noted behind by the stopped run
+        await cli(scene.config, "rebuild", c.name_label)
+        await wait_committed(
+            broker, scene.topics.group, scene.topics.raw, {scene.first_at: 2, scene.copy_at: 1}
+        )
+        assert await clean_ids(broker, scene.topics.clean) == {"warm-up": 1, "X": 1}
+
+
+async def test_with_the_others_emptied_the_member_noted_behind_is_the_rebuild_source(
+    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path
+) -> None:
+    """docs/operations.md, "Rebuild runbook": no member is counted (A and B emptied,
+    C noted behind): `rebuild` names C, and a majority rebuilt from it resumes."""
+    async with c_noted_behind(broker, redis_servers, names, tmp_path, signal.SIGKILL) as scene:
+        a, b, c = scene.members
+        await empty(scene, a, b)
+        # The stopped run's notes were on A and B and went with their data; a run that
+        # noted C again (every half ttl while C lags) and stopped leaves them there.
+        await note_behind(scene.config, c.name_label)
+        await produce(broker, scene.topics.raw, record("Y"), partition=scene.copy_at)
+        await decided_or_blocked(broker, scene.topics, scene.copy_at, scene.log)
+        refused = await cli(scene.config, "rebuild", a.name_label, expect=1)
+        assert f"--from {c.name_label}" in refused, refused
+        for emptied in (a, b):
+            await cli(scene.config, "rebuild", emptied.name_label, "--from", c.name_label)
+        await wait_committed(broker, scene.topics.group, scene.topics.raw, {scene.copy_at: 1})
+        # C's marks as they are: warm-up and Y, not X (its fill died with the run).
+        await produce(broker, scene.topics.raw, record("warm-up"), partition=scene.copy_at)
+        await wait_committed(broker, scene.topics.group, scene.topics.raw, {scene.copy_at: 2})
+        assert await clean_ids(broker, scene.topics.clean) == {"warm-up": 1, "X": 1, "Y": 1}
+        await cli(scene.config, "rebuild", c.name_label)  # forgets the notes: C counted again
+        counted = f"Redis member {c.name_label}: no gateway run holds fills for it any more"
+        await wait_for("C counted again", lambda *_: counted in text(scene.log),
+                       scene.port, scene.log)  # fmt: skip
