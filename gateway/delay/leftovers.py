@@ -16,6 +16,11 @@ entered (its name says it), then move on through the configured tiers like any
 other, so they are delivered when due; records of a renamed clean topic go to
 the clean topic configured now (the delay loop has one clean topic). Found at
 start-up: a configuration change takes a restart anyway.
+
+With `[delay]` switched off no gateway reads a tier topic, so start-up is refused
+while one of the clean topic's tiers holds records the delay group has not moved
+on (`refuse_stranded_tiers`), naming it: keep `[delay]` on until they are
+delivered, or delete the topic to give them up.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.config import Settings, parse_duration
-from gateway.kafka.clients import partitions_of
+from gateway.errors import ConfigError
+from gateway.kafka.clients import build_consumer, partitions_of, stop_within
 from gateway.rules.tiers import millis, tier_label, tier_topics
 
 _TIER_TOPIC = re.compile(r"(?P<clean>.+)\.delay\.(?P<label>[0-9]+(?:ms|s|m|h|d))")
@@ -94,3 +100,40 @@ async def _committed_on(consumer: AIOKafkaConsumer, topic: str) -> bool:
     partitions = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
     committed = await asyncio.gather(*(consumer.committed(tp) for tp in partitions))
     return any(offset is not None for offset in committed)
+
+
+async def refuse_stranded_tiers(settings: Settings) -> None:
+    """`[delay]` off: ConfigError naming every tier topic of the clean topic that holds
+    records the delay group has not moved on (module docstring)."""
+    kafka = settings.kafka
+    consumer = build_consumer(kafka, f"{kafka.group_id}.delay")
+    await consumer.start()
+    try:
+        tiers = sorted(
+            t
+            for t in await consumer.topics()
+            if (tier := tier_of(t)) and tier[0] == kafka.clean_topic
+        )
+        waiting = await asyncio.gather(*(_not_moved_on(consumer, topic) for topic in tiers))
+    finally:
+        await stop_within(consumer)
+    stranded = [f"{topic} ({n} records)" for topic, n in zip(tiers, waiting, strict=True) if n]
+    if stranded:
+        raise ConfigError(
+            f"delay.enabled: [delay] is off but tier topic(s) {', '.join(stranded)} hold records "
+            "waiting to be delivered, whose ids stay claimed; keep [delay] on until they are "
+            "delivered (dedup_delay_backlog_records 0), or delete the topics to give them up "
+            "(docs/operations.md, Changing the configuration safely)"
+        )
+
+
+async def _not_moved_on(consumer: AIOKafkaConsumer, topic: str) -> int:
+    """Records of `topic` after the delay group's committed offsets."""
+    partitions = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+    begins = await consumer.beginning_offsets(partitions)
+    ends = await consumer.end_offsets(partitions)
+    committed = await asyncio.gather(*(consumer.committed(tp) for tp in partitions))
+    return sum(
+        max(0, ends[tp] - max(done or 0, begins[tp]))
+        for tp, done in zip(partitions, committed, strict=True)
+    )

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.config import Settings
 from gateway.delay.coalescer import Coalescer
+from gateway.delay.leftovers import refuse_stranded_tiers
 from gateway.delay.loop import start_delay_loop
 from gateway.delay.router import Router
 from gateway.failures.fetch_back import RawFetcher
@@ -109,6 +110,8 @@ class Gateway:
             delay = None
             if router is not None:  # before any record is routed to a tier topic
                 delay = await start_delay_loop(settings, sink, metrics, stack, coalescer)
+            else:  # records waiting in a tier would never be delivered: refuse
+                await refuse_stranded_tiers(settings)
             consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
             stack.push_async_callback(stop_all_within, consumers)  # for a held join
             consumer = build_consumer(
