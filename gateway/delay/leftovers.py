@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from gateway.config import Settings, parse_duration
 from gateway.errors import ConfigError
@@ -132,8 +133,17 @@ async def _not_moved_on(consumer: AIOKafkaConsumer, topic: str) -> int:
     partitions = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
     begins = await consumer.beginning_offsets(partitions)
     ends = await consumer.end_offsets(partitions)
-    committed = await asyncio.gather(*(consumer.committed(tp) for tp in partitions))
+    # No right to read the delay group's offsets (a deployment that never used [delay]):
+    # every record counts as waiting.
+    committed = await asyncio.gather(*(_committed(consumer, tp) for tp in partitions))
     return sum(
         max(0, ends[tp] - max(done or 0, begins[tp]))
         for tp, done in zip(partitions, committed, strict=True)
     )
+
+
+async def _committed(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    try:
+        return await consumer.committed(tp)
+    except KafkaError:
+        return None
