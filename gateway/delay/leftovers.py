@@ -144,6 +144,7 @@ async def _not_moved_on(consumer: AIOKafkaConsumer, topic: str) -> int:
 
 async def _committed(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
     try:
-        return await consumer.committed(tp)
+        offset: int | None = await consumer.committed(tp)
     except KafkaError:
         return None
+    return offset
