@@ -58,19 +58,27 @@ async def wait_in_a_tier(
     """Once the gateway joined: `count` records due 20 s or more ahead (the 16s tier),
     committed on the raw topic; their due times by id."""
     await poll(lambda: JOINED in log.read_text(), 60, "the gateway joined", proc)
-    due_of: dict[str, int] = {}
     producer = AIOKafkaProducer(bootstrap_servers=broker)
     await producer.start()
     try:
-        for n in range(count):
-            ts = now_ms()
-            due_of[f"t-{n}"] = ts + 20_000 + 100 * n
-            headers = [("message-id", f"t-{n}".encode()),
-                       ("deliver-at", str(due_of[f"t-{n}"]).encode())]  # fmt: skip
-            await producer.send_and_wait(topics.raw, b"v", timestamp_ms=ts, headers=headers)
+        due_of = await send_due_later(producer, topics, "t", count)
     finally:
         await producer.stop()
     await wait_committed(broker, topics.group, topics.raw, {0: count})
+    return due_of
+
+
+async def send_due_later(
+    producer: AIOKafkaProducer, topics: Topics, prefix: str, count: int
+) -> dict[str, int]:
+    """`count` records due 20 s or more ahead (the 16s tier); their due times by id."""
+    due_of: dict[str, int] = {}
+    for n in range(count):
+        ts = now_ms()
+        due_of[f"{prefix}-{n}"] = ts + 20_000 + 100 * n
+        headers = [("message-id", f"{prefix}-{n}".encode()),
+                   ("deliver-at", str(due_of[f"{prefix}-{n}"]).encode())]  # fmt: skip
+        await producer.send_and_wait(topics.raw, b"v", timestamp_ms=ts, headers=headers)
     return due_of
 
 
@@ -173,12 +181,7 @@ async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
                 warm_up = [("message-id", b"warm-up"), ("deliver-after", b"1500ms")]
                 await producer.send_and_wait(topics.raw, b"w", headers=warm_up)
                 await poll(lambda: len(old.records) == 1, 30, "the warm-up record", proc)
-                for n in range(10):  # 20 s or more left: the old 16s tier
-                    ts = now_ms()
-                    due_of[f"r-{n}"] = ts + 20_000 + 100 * n
-                    headers = [("message-id", f"r-{n}".encode()),
-                               ("deliver-at", str(due_of[f"r-{n}"]).encode())]  # fmt: skip
-                    await producer.send_and_wait(topics.raw, b"v", timestamp_ms=ts, headers=headers)
+                due_of.update(await send_due_later(producer, topics, "r", 10))  # old 16s tier
             finally:
                 await producer.stop()
             await wait_committed(broker, topics.group, topics.raw, {0: 11})
