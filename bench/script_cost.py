@@ -3,7 +3,7 @@ and how a batch's chunks are best sent.
 
     python -m bench.script_cost                      # 200k new ids, batches of 2000, 3 instances
     python -m bench.script_cost --instances 1        # without 3 servers sharing 2 cores
-    python -m bench.script_cost --steady --ttl 16s   # two older slices full first (3 lookups)
+    python -m bench.script_cost --fill 300           # steady state: ~300 marks per bucket, 3 slices
     python -m bench.script_cost --batch 100000       # the largest batch: calls stay short
     python -m bench.script_cost --warm 200000        # buckets already there (mid-slice)
     python -m bench.script_cost --compare-sending    # pipelined chunks against the others
@@ -36,6 +36,7 @@ import redis.asyncio as aioredis
 import uvloop
 from rich.console import Console
 
+from bench.steady import fill_older
 from devtools.localstack import ManagedProcess, redis_server
 from gateway import sizing
 from gateway.config import Settings, load_settings
@@ -57,10 +58,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--ttl", default="24h", help="[redis] ttl")
     p.add_argument("--duplicates", type=float, default=0.0, help="share of copies in the run")
     p.add_argument(
-        "--steady",
-        action="store_true",
-        help="first fill two older slices with --digests ids each (waits for slices to roll: "
-        "use a short --ttl), so every new id searches three slices",
+        "--fill",
+        type=int,
+        default=0,
+        help="marks per bucket at steady state: --buckets becomes --digests / FILL, two "
+        "older slices are written full first (bench/steady.py), so every new id searches "
+        "three slices of FILL-mark buckets, and the run fills the current one to FILL",
     )
     p.add_argument(
         "--warm",
@@ -136,7 +139,8 @@ async def server_stats(quorum: Quorum) -> Stats:
         )  # {b"evalsha": {b"calls": n, b"histogram_usec": {bound: count}}}
         buckets = histogram.get(b"evalsha", {}).get(b"histogram_usec", {})
         longest = max((int(bound) for bound in buckets), default=0)
-        out.append((int(row["calls"]), int(row["usec"]), used, longest))
+        memory: dict[str, Any] = await client.info("memory")
+        out.append((int(row["calls"]), int(row["usec"]), used, longest, int(memory["used_memory"])))
     return out
 
 
@@ -152,15 +156,7 @@ async def claim_all(quorum: Quorum, ids: list[bytes], batch: int, tag: str) -> l
     return took
 
 
-async def wait_for_next_slice(quorum: Quorum) -> None:
-    """Until the instances' current slice has ended (the next claim opens a new one)."""
-    client = quorum.members[0].client
-    ends = int(await client.hget(quorum.prefix + b"slice", "ends") or 0)
-    now_s, now_us = await client.time()
-    await asyncio.sleep(max(0.0, (ends - (now_s * 1000 + now_us // 1000)) / 1000) + 0.05)
-
-
-Stats = list[tuple[int, int, float, int]]  # per instance: see server_stats
+Stats = list[tuple[int, int, float, int, int]]  # per instance: see server_stats
 
 
 @dataclass
@@ -177,11 +173,10 @@ async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured
     quorum = Quorum(settings.redis, Metrics())
     try:
         await quorum.check()  # first contact: the instances' epochs
-        if args.steady:
-            for slice_no in (1, 2):
-                older = [mark_digest(f"old{slice_no}-{i}".encode()) for i in range(args.digests)]
-                await claim_all(quorum, older, args.batch, f"old{slice_no}")
-                await wait_for_next_slice(quorum)
+        if args.fill:
+            ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
+            for inst in quorum.members:
+                await fill_older(inst.client, quorum.prefix, args.buckets, args.fill, ttl_ms)
         if args.warm:
             warm = [mark_digest(f"warm-{i}".encode()) for i in range(args.warm)]
             await claim_all(quorum, warm, args.batch, "warm")
@@ -206,7 +201,9 @@ def report_cost(
     seconds, cpu = measured.seconds, measured.cpu
     copies = int(args.digests * args.duplicates)
     cpu_us = [(after[2] - b[2]) * 1e6 for b, after in zip(before, stats, strict=True)]
-    for server, (calls, usec, _, longest), used in zip(servers, stats, cpu_us, strict=True):
+    distinct = len(ids) - copies
+    grown = [(after[4] - b[4]) / distinct for b, after in zip(before, stats, strict=True)]
+    for server, (calls, usec, _, longest, _), used in zip(servers, stats, cpu_us, strict=True):
         console.print(
             f"{server.name}: {calls} EVALSHA, {usec / max(calls, 1):,.0f} usec per call "
             f"(longest <= {longest:,} usec), {usec / len(ids):.2f} usec per digest "
@@ -215,9 +212,12 @@ def report_cost(
     mean = sum(s[1] for s in stats) / len(stats) / len(ids)
     console.print(
         f"[bold]{mean:.2f} usec per digest per instance (commandstats), "
-        f"{sum(cpu_us) / len(cpu_us) / len(ids):.2f} (used_cpu)[/] "
+        f"{sum(cpu_us) / len(cpu_us) / len(ids):.2f} (used_cpu), "
+        f"{sum(cpu_us) / len(cpu_us) / distinct:.2f} per new id (used_cpu), "
+        f"{statistics.median(grown):.1f} bytes per mark (used_memory)[/] "
         f"({len(ids):,} digests, {copies:,} copies, batches of {args.batch}, "
-        f"buckets {args.buckets}, ttl {args.ttl}{', steady' if args.steady else ''}"
+        f"buckets {args.buckets}, ttl {args.ttl}"
+        f"{f', fill {args.fill}: 3 live slices' if args.fill else ''}"
         f"{f', after {args.warm:,} warm-up ids' if args.warm else ''}); "
         f"{len(ids) / seconds:,.0f} digests/s, gateway CPU {cpu / len(ids) * 1e6:.1f} usec "
         f"per digest; redis-cli --latency on {servers[0].name}: {waited}"
@@ -244,7 +244,7 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
             finally:
                 await quorum.close()
     console.print(
-        f"sending {args.digests:,} new ids in batches of {args.batch} to {args.members} "
+        f"sending {args.digests:,} new ids in batches of {args.batch} to {args.instances} "
         f"instances, chunks of {sizing.CHUNK_DIGESTS}, {sizing.CHUNKS_PER_TRIP} per round "
         f"trip; medians of {args.rounds} rounds"
     )
@@ -258,8 +258,10 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
 
 def main() -> int:
     args = parse()
+    if args.fill:
+        args.buckets = max(1, (args.digests - int(args.digests * args.duplicates)) // args.fill)
     with tempfile.TemporaryDirectory(prefix="script-cost-") as state:
-        servers = [redis_server(Path(state), f"redis-{i}") for i in range(args.members)]
+        servers = [redis_server(Path(state), f"redis-{i}") for i in range(args.instances)]
         latency: subprocess.Popen[bytes] | None = None
         try:
             for server in servers:
