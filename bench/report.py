@@ -154,15 +154,25 @@ class Results:
         )
 
     def redis_us_per_new_id(self, variant: str) -> tuple[str, float] | None:
-        """(where, Redis CPU µs per new id per instance): at 0% duplicates, where every
-        record is a new id; else at the target share, the duplicates' lookups charged
-        to the new ids."""
-        instances = int(variant.rsplit("-", 1)[1])
-        share = 0.0 if 0.0 in self.shares else self.target_share
+        """(where, Redis CPU µs per new id per instance) at the target share, the
+        duplicates' lookups charged to the new ids, and the fill it was measured at."""
+        instances = int(variant.split("-")[1])
+        share = self.target_share
         if not self.of(variant, share) or share >= 1:
             return None
         cost = self.per_million(variant, share, "redis_cpu_s") / instances / (1 - share)
-        return f"per instance, {share:.0%} dups", cost
+        return f"per instance, {share:.0%} dups, {self.fill(variant)}", cost
+
+    def fill(self, variant: str) -> str:
+        """Where `variant`'s members stood: live slices searched and marks per bucket
+        (bench/steady.py), from its runs at the target share."""
+        runs = self.of(variant, self.target_share) or [r for r in self.runs if r.variant == variant]
+        slices = max((r.live_slices for r in runs), default=0)
+        per_bucket = statistics.median(r.marks_per_bucket for r in runs) if runs else 0.0
+        if not slices:
+            return "fill not recorded"
+        marks = f"{per_bucket:.0f}" if per_bucket >= 10 else f"{per_bucket:.1f}"
+        return f"{slices} live slice{'s' if slices > 1 else ''}, ~{marks} marks per bucket"
 
     def bytes_per_mark(self, variant: str) -> float | None:
         """Per standalone instance, median over instances and runs."""
@@ -219,8 +229,17 @@ class Results:
             rows.append(("Redis CPU per new id, µs", cost[0], "<= 4", cost[1],
                          lambda v: v <= 4))  # fmt: skip
         if (mark := self.bytes_per_mark("gateway-3")) is not None:
-            rows.append(("Redis bytes per mark", "per instance", "<= 45", mark,
-                         lambda v: v <= 45))  # fmt: skip
+            rows.append(("Redis bytes per mark", f"per instance, {self.fill('gateway-3')}",
+                         "<= 45", mark, lambda v: v <= 45))  # fmt: skip
+        # The same on members that start empty with the default bucket count: how the
+        # benchmark measured before it filled them (small buckets, one live slice).
+        if (cost := self.redis_us_per_new_id("gateway-3-fresh")) is not None:
+            rows.append(("Redis CPU per new id, gateway-3-fresh, µs", cost[0], NO_GOAL,
+                         cost[1], lambda v: None))  # fmt: skip
+        if (mark := self.bytes_per_mark("gateway-3-fresh")) is not None:
+            rows.append(("Redis bytes per mark, gateway-3-fresh",
+                         f"per instance, {self.fill('gateway-3-fresh')}", NO_GOAL, mark,
+                         lambda v: None))  # fmt: skip
         if (mark := self.cluster_bytes_per_mark("gateway-3-cluster")) is not None:
             # Reported: the goal is per instance; a cluster member's masters each hold a
             # share of the buckets, few marks per bucket at this run's size.

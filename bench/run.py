@@ -2,6 +2,8 @@
 
 1. Start a broker and five redis-server processes (`devtools.localstack`),
    and a 3-master Redis Cluster when a chosen variant has a cluster member.
+   Before each product run its members are filled to steady state
+   (`--fill` marks per bucket in two older slices, bench/steady.py).
 2. Fill one raw topic per duplicate share (and a smaller one for `naive`,
    which is ~20x slower) before any variant runs.
 3. Rounds: in each, every variant reads every share's topic once; the order
@@ -50,6 +52,7 @@ from bench.measure import (
     latency,
     throughput,
 )
+from bench.steady import SIZING_FILL
 from bench.variants import CLUSTER_MASTERS, FORWARDER, SPARK_INPUT, VARIANTS, Variant
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import create_topics
@@ -81,6 +84,7 @@ class Options:
     results_md: Path | None
     default_gc: bool
     variants: list[str]
+    fill: int
 
 
 async def prepare(stack: LocalStack, opts: Options) -> dict[tuple[str, float], PreparedTopic]:
@@ -142,7 +146,9 @@ async def bench(opts: Options) -> report.Results:
                         )
                 else:
                     keep = bool(sparks) and variant.name == SPARK_INPUT and share == spark_share
-                    run = await throughput(stack, variant, raw, round_no, show, keep_clean=keep)
+                    run = await throughput(
+                        stack, variant, raw, round_no, show, keep_clean=keep, fill=opts.fill
+                    )
                     if keep:
                         spark_rows = run.forwarded
                 progress.remove_task(current)
@@ -261,7 +267,14 @@ def parse_args(argv: list[str] | None = None) -> Options:
     defaults = [v.name for v in VARIANTS if not v.opt_in]
     parser.add_argument("--variants", nargs="+", choices=names, default=defaults,
                         help="run only these (the targets need all of them)")  # fmt: skip
+    parser.add_argument("--fill", type=int, default=SIZING_FILL,
+                        help="marks per bucket the members are filled to before each run "
+                             "(steady state: two full older slices, `[redis] buckets` = the "
+                             "run's distinct ids / FILL; bench/steady.py); 0: fresh members, "
+                             "default buckets")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.fill < 0:
+        parser.error("--fill: marks per bucket, 0 or more")
     if any(not 0 <= s < 1 for s in args.shares):
         parser.error("--shares: each share must be in [0, 1)")
     if any(n.startswith("spark-") for n in args.variants) and SPARK_INPUT not in args.variants:

@@ -7,6 +7,7 @@ and how a batch's chunks are best sent.
     python -m bench.script_cost --batch 100000       # the largest batch: calls stay short
     python -m bench.script_cost --warm 200000        # buckets already there (mid-slice)
     python -m bench.script_cost --compare-sending    # pipelined chunks against the others
+    python -m bench.script_cost --floor --fill 64    # what each part of a new id costs
 
 Starts its own redis-server processes on free ports and calls `Quorum.claim`
 (the product's path). Redis CPU per digest is read two ways, per instance:
@@ -16,6 +17,15 @@ process's CPU seconds / digests: includes reading the request). The longest
 call comes from `LATENCY HISTOGRAM evalsha` (power-of-two buckets): what
 another gateway can wait behind one call. `redis-cli --latency` on the first
 instance, run alongside, shows what a plain client waited.
+
+`--floor` shows what bounds the script: on one instance whose older slices
+are full (`--fill`), the Redis CPU per id (`INFO cpu`) of a plain `SET key NX
+PX` per id (pipelined, no script), then of one script call per chunk of 500
+digests doing only the claim's loop (digest, bucket name), one `redis.call`
+that finds no key, an `HGET` that misses in a full older bucket (one older
+slice's lookup), an `HSETNX` of a new field in the current slice, and the
+claim script itself: the product's cost per new id is about the loop, the
+`HSETNX`, an `HGET` per older slice and the expiry ledger.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import redis.asyncio as aioredis
 import uvloop
 from rich.console import Console
 
-from bench.steady import fill_older
+from bench.steady import SIZING_FILL, fill_older
 from devtools.localstack import ManagedProcess, redis_server
 from gateway import sizing
 from gateway.config import Settings, load_settings
@@ -44,6 +54,7 @@ from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
 from gateway.quorum.link import MemberLink
 from gateway.quorum.quorum import Quorum
+from gateway.quorum.scripts import SLICES_BACK
 from gateway.quorum.transport import Transport
 
 console = Console()
@@ -78,7 +89,12 @@ def parse() -> argparse.Namespace:
         help="time a batch's chunks sent pipelined (the product), gathered on separate "
         "connections, one after another, and the whole batch as one call (before chunks)",
     )
-    p.add_argument("--rounds", type=int, default=3, help="rounds of --compare-sending")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of --compare-sending / --floor")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="the Redis CPU per id of each part of a claim (one instance; see above)",
+    )
     return p.parse_args()
 
 
@@ -176,6 +192,7 @@ async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured
         if args.fill:
             ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
             for inst in quorum.members:
+                assert isinstance(inst.client, aioredis.Redis), "standalone members only"
                 await fill_older(inst.client, quorum.prefix, args.buckets, args.fill, ttl_ms)
         if args.warm:
             warm = [mark_digest(f"warm-{i}".encode()) for i in range(args.warm)]
@@ -256,8 +273,90 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
         )
 
 
+# One call per chunk, each digest's bucket named as the claim script does (prelude.lua,
+# `hash_of`, `bucket_of`); ARGV: what to do per digest, key prefix, buckets, digests.
+PART = """#!lua
+local what, prefix, buckets, digests = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local owner = ARGV[5]
+for i = 1, #digests / 12 do
+  local digest = string.sub(digests, (i - 1) * 12 + 1, i * 12)
+  local a, b, c = string.byte(digest, 1, 3)
+  local bucket = string.format('%s%d', prefix, (a * 65536 + b * 256 + c) % buckets)
+  if what == 'hget' then redis.call('HGET', bucket, digest)
+  elseif what == 'hsetnx' then redis.call('HSETNX', bucket, digest, owner) end
+end
+return 0
+"""
+# (name, what, bucket prefix): `m:1:` is a full older slice, `m:9:` a slice no mark is in
+# yet, `none:` names no key.
+PARTS = (
+    ("script loop only (digest, bucket name)", "loop", b"m:1:"),
+    ("loop + one redis.call that finds no key (HGET)", "hget", b"none:"),
+    ("loop + HGET missing in a full older bucket", "hget", b"m:1:"),
+    ("loop + HSETNX of a new field, current slice", "hsetnx", b"m:9:"),
+)
+
+
+async def floor(args: argparse.Namespace, settings: Settings) -> None:
+    """Per round, a fresh fill; each part on its own fresh ids; medians over rounds."""
+    quorum = Quorum(settings.redis, Metrics())
+    client = quorum.members[0].client
+    assert isinstance(client, aioredis.Redis), "standalone members only"
+    prefix, owner = quorum.prefix, owner_token("raw", 0, 1)
+    ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
+    costs: dict[str, list[float]] = {}
+
+    async def cpu() -> float:
+        info: dict[str, Any] = await client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    try:
+        for round_no in range(args.rounds):
+            await client.flushall()
+            await quorum.check()
+            await fill_older(client, prefix, args.buckets, args.fill, ttl_ms)
+            sha = await client.script_load(PART)
+            ids = [mark_digest(f"{round_no}-{i}".encode()) for i in range(args.digests)]
+            t0 = await cpu()
+            for start in range(0, len(ids), 2000):
+                async with client.pipeline(transaction=False) as pipe:
+                    for digest in ids[start : start + 2000]:
+                        pipe.set(prefix + b"k:" + digest, owner, nx=True, px=ttl_ms)
+                    await pipe.execute()
+            costs.setdefault("SET key NX PX per id, pipelined (no script)", []).append(
+                (await cpu() - t0) / len(ids) * 1e6
+            )
+            for part, (name, what, keys) in enumerate(PARTS):
+                part_ids = [d[:11] + bytes([part]) for d in ids]  # fresh fields, same buckets
+                t0 = await cpu()
+                for start in range(0, len(part_ids), 500):
+                    chunk = b"".join(part_ids[start : start + 500])
+                    await client.evalsha(sha, 0, what, prefix + keys, args.buckets, chunk, owner)
+                costs.setdefault(name, []).append((await cpu() - t0) / len(ids) * 1e6)
+            t0 = await cpu()
+            await claim_all(quorum, ids, args.batch, f"floor-{round_no}")
+            costs.setdefault(
+                f"the claim script, {SLICES_BACK + 1} live slices (product)", []
+            ).append((await cpu() - t0) / len(ids) * 1e6)
+    finally:
+        await quorum.close()
+    console.print(
+        f"Redis CPU per id (used_cpu), one instance, {args.digests:,} ids, {args.buckets:,} "
+        f"buckets, older slices full at {args.fill} marks per bucket; medians of "
+        f"{args.rounds} rounds (each round's in brackets)"
+    )
+    for name, values in costs.items():
+        console.print(
+            f"  {name:52s} {statistics.median(values):6.2f} usec   "
+            f"({', '.join(f'{v:.2f}' for v in values)})"
+        )
+
+
 def main() -> int:
     args = parse()
+    if args.floor:
+        args.instances = 1
+        args.fill = args.fill or SIZING_FILL
     if args.fill:
         args.buckets = max(1, (args.digests - int(args.digests * args.duplicates)) // args.fill)
     with tempfile.TemporaryDirectory(prefix="script-cost-") as state:
@@ -272,6 +371,9 @@ def main() -> int:
             )
             if args.compare_sending:
                 uvloop.run(compare_sending(args, settings))
+                return 0
+            if args.floor:
+                uvloop.run(floor(args, settings))
                 return 0
             redis_cli = shutil.which("redis-cli")
             if redis_cli:  # what a plain client on the first instance waits meanwhile

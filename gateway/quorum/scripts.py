@@ -53,11 +53,6 @@ SLICES_BACK = 2
 # read a little after the script read TIME. Raising `ttl` by less is not applied.
 EXPIRY_SLACK_MS = 1000
 
-# A slice's mark filter (keys.py): bits per bucket of the slice, at most
-# FILTER_MAX_BITS (a Redis string holds up to 2^32 bits).
-FILTER_BITS_PER_BUCKET = 512
-FILTER_MAX_BITS = 2**31
-
 WRITES = "#!lua\n"
 READS = "#!lua flags=no-writes\n"
 _LUA = resources.files("gateway.quorum") / "lua"
@@ -76,14 +71,9 @@ def _text(name: str) -> tuple[list[str], str]:
 
 def _prelude() -> str:
     _, text = _text("prelude")
-    for name, value in (
-        ("SLICES_BACK", SLICES_BACK),
-        ("EXPIRY_SLACK_MS", EXPIRY_SLACK_MS),
-        ("FILTER_BITS_PER_BUCKET", FILTER_BITS_PER_BUCKET),
-        ("FILTER_MAX_BITS", FILTER_MAX_BITS),
-    ):
-        text = text.replace("${" + name + "}", str(value))
-    return text
+    return text.replace("${SLICES_BACK}", str(SLICES_BACK)).replace(
+        "${EXPIRY_SLACK_MS}", str(EXPIRY_SLACK_MS)
+    )
 
 
 PRELUDE = _prelude()

@@ -19,13 +19,10 @@ local mismatch = epoch_differs(epoch_id)
 if mismatch then return mismatch end
 local slices, at, now = open_slice()
 local ledger = ledger_of(slices, at)
-local absent = filter_misses(slices, digests, len, #digests / len)
-local out, added = {}, {}
+local out = {}
 local i = 0
 for owner in string.gmatch(owners, '([^,]+),') do
   i = i + 1
-  out[i] = claim(slices, string.sub(digests, (i - 1) * len + 1, i * len), owner, now, ledger,
-                 absent, i, added)
+  out[i] = claim(slices, string.sub(digests, (i - 1) * len + 1, i * len), owner, now, ledger)
 end
-filter_add(slices[1], added, ledger.at, now)
 return out

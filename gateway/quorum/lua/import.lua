@@ -66,14 +66,12 @@ for i = 1, #digests / len do
   else
     local k = math.floor((at - now - tonumber(left)) / slice_ms)
     k = math.max(0, math.min(k, SLICES_BACK))
-    local slice = slice_back(k, at - k * slice_ms)
-    bucket = bucket_of(slice, h)
+    bucket = bucket_of(slice_back(k, at - k * slice_ms), h)
     redis.call('HSET', bucket, digest, owner)
     if not done[bucket] then  -- any slice: the ledger is not used here
       done[bucket] = true
       expire_at(bucket, at - k * slice_ms, now)
     end
-    filter_add(slice, {digest}, at - k * slice_ms, now)
     out[i] = 1
   end
 end

@@ -2,7 +2,6 @@
 -- the common arguments, the slices in force, the bucket of a digest.
 
 local SLICES_BACK, SLACK = ${SLICES_BACK}, ${EXPIRY_SLACK_MS}
-local FILTER_BITS_PER_BUCKET, FILTER_MAX_BITS = ${FILTER_BITS_PER_BUCKET}, ${FILTER_MAX_BITS}
 local prefix, ttl = ARGV[1], tonumber(ARGV[2])
 local slice_ms, buckets = tonumber(ARGV[3]), tonumber(ARGV[4])
 local meta = KEYS[1]
@@ -32,28 +31,21 @@ local function older_of(id, live)
   return list
 end
 
--- The slices to search, newest first: {bucket name prefix, bucket count, id,
--- filter bits or nil}: slice `id` and its `older` ones. Each slice keeps the
--- bucket count it opened with, so changing `buckets` (or `ttl`) takes effect
--- at the next slice and never hides a live mark; and its layout: a slice
--- opened with a mark filter (`filter:<slice>` in the meta, its size in bits)
--- has one, a slice opened before filters (layout 1) has none and is always
--- searched. `first`: the oldest slice that may exist (1, or lower after a
--- rebuild copied marks).
+-- The slices to search, newest first: {bucket name prefix, bucket count, id}:
+-- slice `id` and its `older` ones. Each slice keeps the bucket count it opened
+-- with, so changing `buckets` (or `ttl`) takes effect at the next slice and
+-- never hides a live mark. `first`: the oldest slice that may exist (1, or
+-- lower after a rebuild copied marks).
 local function slices_from(id, older)
-  local fields = {'first', 'buckets:' .. id, 'filter:' .. id}
-  for k = 1, #older do
-    fields[2 * k + 2] = 'buckets:' .. older[k]
-    fields[2 * k + 3] = 'filter:' .. older[k]
-  end
+  local fields = {'first', 'buckets:' .. id}
+  for k = 1, #older do fields[k + 2] = 'buckets:' .. older[k] end
   local got = redis.call('HMGET', meta, unpack(fields))
   local first, list = tonumber(got[1]) or 1, {}
   if id < first then return list end
-  list[1] = {fmt('%sm:%d:', prefix, id), tonumber(got[2]) or buckets, id, tonumber(got[3])}
+  list[1] = {fmt('%sm:%d:', prefix, id), tonumber(got[2]) or buckets, id}
   for k = 1, #older do
     if older[k] < first then break end
-    list[#list + 1] = {fmt('%sm:%d:', prefix, older[k]), tonumber(got[2 * k + 2]) or buckets,
-                       older[k], tonumber(got[2 * k + 3])}
+    list[#list + 1] = {fmt('%sm:%d:', prefix, older[k]), tonumber(got[k + 2]) or buckets, older[k]}
   end
   return list
 end
@@ -82,7 +74,6 @@ local function still_live(id, older, now)
     else
       gone[#gone + 1] = 'buckets:' .. s
       gone[#gone + 1] = 'expires:' .. s
-      gone[#gone + 1] = 'filter:' .. s
     end
   end
   if #gone > 0 then redis.call('HDEL', meta, unpack(gone)) end
@@ -101,8 +92,7 @@ local function open_slice()
     older = id > 0 and still_live(id, older, now) or {}
     id, ends = id + 1, now + slice_ms
     redis.call('HSET', meta, 'id', id, 'ends', fmt('%d', ends), 'buckets:' .. id, buckets,
-               'live', live_field(id, older),
-               'filter:' .. id, math.min(buckets * FILTER_BITS_PER_BUCKET, FILTER_MAX_BITS))
+               'live', live_field(id, older))
   end
   return slices_from(id, older), ends + ttl, now
 end
@@ -133,56 +123,14 @@ local function released(held)
 end
 
 -- The bucket holding `digest` and its owner, from slices[from] on, newest
--- first; nil, false if none. `h` is hash_of(digest). `absent` (optional):
--- per slice k, a table whose [i] is true when digest number `i` of the call
--- cannot be in slice k (its filter bit is 0, see `filter_misses`).
-local function find(slices, digest, h, from, absent, i)
+-- first; nil, false if none. `h` is hash_of(digest).
+local function find(slices, digest, h, from)
   for k = from, #slices do
-    if not (absent and absent[k] and absent[k][i]) then
-      local bucket = bucket_of(slices[k], h)
-      local held = redis.call('HGET', bucket, digest)
-      if held then return bucket, held end
-    end
+    local bucket = bucket_of(slices[k], h)
+    local held = redis.call('HGET', bucket, digest)
+    if held then return bucket, held end
   end
   return nil, false
-end
-
--- A slice's mark filter (gateway/quorum/keys.py): one bit per position, set for
--- every digest a mark was written for in that slice, so a lookup skips a slice
--- whose bit is 0 (it cannot hold the digest) instead of scanning its bucket.
-local function filter_key(slice)
-  return fmt('%sf:%d', prefix, slice[3])
-end
-
--- The bit of `digest` in a filter of `bits` bits, as the decimal string a
--- command takes (a number argument would be formatted as a float, slowly):
--- its bytes 9-12 (bytes 1-3 pick the bucket, 5-7 a cluster member's key group).
-local function filter_pos(digest, bits)
-  local a, b, c, d = string.byte(digest, 9, 12)
-  return fmt('%d', ((a * 16777216) + b * 65536 + c * 256 + d) % bits)
-end
-
--- Per older slice k (2..), for the n digests of a call: absent[k][i] true when
--- digest i cannot be in slice k, read in one BITFIELD call per slice. A slice
--- without a filter (opened before them), or whose filter key is gone, gets no
--- entry: it is searched for every digest.
-local function filter_misses(slices, digests, len, n)
-  local absent = {}
-  for k = 2, #slices do
-    local bits, key = slices[k][4], filter_key(slices[k])
-    if bits and redis.call('EXISTS', key) == 1 then
-      local args = {}
-      for i = 1, n do
-        args[3 * i - 2], args[3 * i - 1] = 'GET', 'u1'
-        args[3 * i] = filter_pos(string.sub(digests, (i - 1) * len + 1, i * len), bits)
-      end
-      local got = redis.call('BITFIELD', key, unpack(args))
-      local miss = {}
-      for i = 1, n do miss[i] = got[i] == 0 end
-      absent[k] = miss
-    end
-  end
-  return absent
 end
 
 -- Make `bucket` expire at `at` unless it already expires then or later. A
@@ -192,21 +140,6 @@ end
 local function expire_at(bucket, at, now)
   local left = redis.call('PTTL', bucket)
   if left < 0 or now + left < at - SLACK then redis.call('PEXPIREAT', bucket, fmt('%d', at)) end
-end
-
--- Set the filter bits of `slice` for `digests` (a list) in one call, and make
--- the filter expire no earlier than `at` (its buckets' expiry). A slice
--- without a filter has nothing to set.
-local function filter_add(slice, digests, at, now)
-  local bits = slice[4]
-  if not bits or #digests == 0 then return end
-  local key, args = filter_key(slice), {}
-  for i = 1, #digests do
-    args[4 * i - 3], args[4 * i - 2] = 'SET', 'u1'
-    args[4 * i - 1], args[4 * i] = filter_pos(digests[i], bits), '1'
-  end
-  redis.call('BITFIELD', key, unpack(args))
-  expire_at(key, at, now)
 end
 
 -- The current slice's expiry ledger (gateway/quorum/keys.py), read once per call: a
@@ -255,15 +188,12 @@ end
 -- that token as released on the instances the release has not reached yet,
 -- gateway/rules/vote.py). To the owner it was released from it stays released
 -- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
--- `absent`, `i`: see `find`; every digest written into the current slice is
--- added to the list `added` (its filter bits, set once per call).
-local function claim(slices, digest, owner, now, ledger, absent, i, added)
+local function claim(slices, digest, owner, now, ledger)
   local h = hash_of(digest)
   local bucket, index = bucket_of(slices[1], h)
   local held
   if redis.call('HSETNX', bucket, digest, owner) == 1 then
-    added[#added + 1] = digest
-    local _, older = find(slices, digest, h, 2, absent, i)
+    local _, older = find(slices, digest, h, 2)
     if not older then
       expire(ledger, bucket, index, now)
       return 1
@@ -278,7 +208,6 @@ local function claim(slices, digest, owner, now, ledger, absent, i, added)
     held = redis.call('HGET', bucket, digest)
     if released(held) and held ~= '-' .. owner then
       redis.call('HSET', bucket, digest, owner)
-      added[#added + 1] = digest
       expire(ledger, bucket, index, now)
       return '=' .. string.sub(held, 2)
     end
@@ -292,7 +221,6 @@ local function put(slices, digest, owner, now, ledger)
   local bucket, index = bucket_of(slices[1], hash_of(digest))
   redis.call('HSET', bucket, digest, owner)
   expire(ledger, bucket, index, now)
-  filter_add(slices[1], {digest}, ledger.at, now)
 end
 
 -- False when the instance still holds the data the caller knows (its epoch
