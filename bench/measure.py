@@ -92,6 +92,8 @@ class ThroughputRun:
     # the marks per bucket of each (the current slice's when the run ended).
     live_slices: int = 0
     marks_per_bucket: float = 0.0
+    # redis_cpu_s by server (the variant's members' servers, cluster masters first).
+    redis_cpu_each_s: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -347,7 +349,7 @@ async def throughput(
         await until(task, lambda: counts.consumed() > 0)
         t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
         waited0 = counts.vote_wait_s()
-        redis0 = redis_cpu(await redis_info(urls))
+        redis0 = [redis_cpu([info]) for info in await redis_info(urls)]
 
         def finished() -> bool:  # polled every 10 ms: one read of the counters (~75 µs)
             handled = counts.handled()
@@ -366,7 +368,8 @@ async def throughput(
     clustered = len(on.cluster_nodes)
     return ThroughputRun(
         variant=variant.name, share=raw.share, round=round_no, records=total,
-        seconds=seconds, gateway_cpu_s=cpu, redis_cpu_s=redis_cpu(after) - redis0,
+        seconds=seconds, gateway_cpu_s=cpu, redis_cpu_s=redis_cpu(after) - sum(redis0),
+        redis_cpu_each_s=[redis_cpu([a]) - b for a, b in zip(after, redis0, strict=True)],
         broker_cpu_s=broker_cpu, vote_wait_s=waited,
         forwarded=counts.forwarded_total(),
         duplicates=counts.duplicates_total(),

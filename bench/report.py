@@ -31,6 +31,15 @@ SPARK_PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commi
                 "triggerExecution")  # fmt: skip
 TARGET_SHARE = 0.2
 HALF_FORWARDER = "half forwarder max"  # the load named after the forwarder's maximum
+# Variants also measured at half their own median maximum (bench/run.py, `_loads`).
+HALF_OWN = ("gateway-3", "gateway-5")
+
+
+def half_own(variant: str) -> str:
+    """The load named after `variant`'s own maximum."""
+    return f"half {variant} max"
+
+
 NO_GOAL = "none (reported)"  # a target row that informs: no goal, never "missed"
 
 
@@ -148,6 +157,39 @@ class Results:
         pairs = [value(r) / base[r.round] for r in self.of(variant, share) if r.round in base]
         return statistics.median(pairs) if pairs else None
 
+    def process_cpu_ratio(self, variant: str, baseline: str, share: float) -> float | None:
+        """Median over rounds of variant's gateway-process CPU per record / baseline's,
+        both from the same round."""
+        base = {r.round: r.gateway_cpu_s / r.records for r in self.of(baseline, share)}
+        pairs = [
+            r.gateway_cpu_s / r.records / base[r.round]
+            for r in self.of(variant, share)
+            if base.get(r.round)
+        ]
+        return statistics.median(pairs) if pairs else None
+
+    def cpu_split(self, variant: str, share: float) -> dict[str, Any] | None:
+        """µs of CPU per record by process, medians over rounds: the gateway process,
+        each Redis server, the broker, and all of them."""
+        runs = self.of(variant, share)
+        if not runs:
+            return None
+        servers = min(len(r.redis_cpu_each_s) for r in runs)
+
+        def us(values: Iterable[float]) -> float:
+            return statistics.median(values) * 1e6
+
+        return {
+            "variant": variant,
+            "share": share,
+            "gateway_us": us(r.gateway_cpu_s / r.records for r in runs),
+            "redis_us": [us(r.redis_cpu_each_s[k] / r.records for r in runs)
+                         for k in range(servers)],
+            "broker_us": us(r.broker_cpu_s / r.records for r in runs),
+            "total_us": us((r.gateway_cpu_s + r.redis_cpu_s + r.broker_cpu_s) / r.records
+                           for r in runs),
+        }  # fmt: skip
+
     def per_million(self, variant: str, share: float, attr: str) -> float:
         return statistics.median(
             float(getattr(r, attr)) / r.records * 1e6 for r in self.of(variant, share)
@@ -221,10 +263,16 @@ class Results:
             ("gateway-3-cluster / gateway-3", f"{share:.0%} dups", NO_GOAL,
              self.ratio("gateway-3-cluster", "gateway-3", share), lambda v: None),
         ]  # fmt: skip
+        rows.append(("gateway-3 process CPU per record / forwarder's", f"{share:.0%} dups",
+                     "<= 1.25", self.process_cpu_ratio("gateway-3", FORWARDER.name, share),
+                     lambda v: v <= 1.25))  # fmt: skip
         for load in self.loads:
             if (lat := self.latency("gateway-3", load)) is not None:
                 rows.append(("gateway-3 p99 over broker-floor, ms", load, "<= 25",
                              self.added(lat, 99), lambda v: v <= 25))  # fmt: skip
+        if (lat := self.latency("gateway-5", half_own("gateway-5"))) is not None:
+            rows.append(("gateway-5 p99 over broker-floor, ms", lat.load, NO_GOAL,
+                         self.added(lat, 99), lambda v: None))  # fmt: skip
         if (cost := self.redis_us_per_new_id("gateway-3")) is not None:
             rows.append(("Redis CPU per new id, µs", cost[0], "<= 4", cost[1],
                          lambda v: v <= 4))  # fmt: skip
@@ -313,11 +361,18 @@ class Results:
                 if (value := self.cluster_bytes_per_mark(name)) is not None
             },
             "targets": self.targets(),
+            "cpu_split": self.cpu_splits(),
             "delay": None
             if self.delay is None
             else {**asdict(self.delay), "ratios": self.delay.ratios},
             "runs": [r.as_dict() for r in self.runs],
         }
+
+    def cpu_splits(self) -> list[dict[str, Any]]:
+        """`cpu_split` of the forwarder and the product variants that ran, target share."""
+        names = (FORWARDER.name, "gateway-3", "gateway-3-fresh", "gateway-5")
+        splits = (self.cpu_split(n, self.target_share) for n in names if n in self.present)
+        return [s for s in splits if s is not None]
 
     def scaling(self) -> dict[str, Any] | None:
         """gateway-3 as 2 worker processes against 1, in the same round."""
@@ -492,6 +547,22 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
             ),
         ),
     ]
+    if splits := results.cpu_splits():
+        lines += [
+            "",
+            f"**CPU per record by process** (µs, {results.target_share:.0%} dups, medians over "
+            "rounds; Redis: each member's server, in the order of `[redis] nodes`)",
+            "",
+            *_table(
+                ["variant", "gateway process", "Redis, each member", "broker", "all"],
+                (
+                    [s["variant"], f"{s['gateway_us']:.2f}",
+                     " / ".join(f"{v:.2f}" for v in s["redis_us"]) or "-",
+                     f"{s['broker_us']:.2f}", f"{s['total_us']:.2f}"]
+                    for s in splits
+                ),
+            ),
+        ]  # fmt: skip
     if spark_rows := results.spark_summary():
         lines += [
             "",

@@ -160,9 +160,9 @@ async def bench(opts: Options) -> report.Results:
         latencies: list[LatencyRun] = []
         if opts.latency_seconds > 0:
             share = LATENCY_SHARE if LATENCY_SHARE in opts.shares else opts.shares[0]
-            for load, rate in _loads(opts, runs, share):
+            for load, rate, only in _loads(opts, runs, share):
                 for variant in _chosen(opts):
-                    if not variant.fixed_load:
+                    if not variant.fixed_load or (only and variant.name != only):
                         continue
                     with console.status(f"latency: {variant.name} at {rate:,.0f} records/s"):
                         latencies.append(
@@ -184,12 +184,20 @@ async def bench(opts: Options) -> report.Results:
     return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts), delay=delay)
 
 
-def _loads(opts: Options, runs: list[ThroughputRun], share: float) -> list[tuple[str, float]]:
-    """The offered loads every variant's latency is measured at: (name, records/s)."""
-    loads = [(f"{rate:,.0f}/s", rate) for rate in opts.latency_rates]
+def _loads(opts: Options, runs: list[ThroughputRun], share: float) -> list[tuple[str, float, str]]:
+    """The offered loads latency is measured at: (name, records/s, the one variant
+    measured there, or '' for every variant that can carry it). Each load also gets
+    broker-floor: `--latency-rates`, half the forwarder's median maximum, and half
+    of gateway-3's and gateway-5's own (report.HALF_OWN): a variant at the same share of
+    what it can carry, whatever the others can."""
+    loads = [(f"{rate:,.0f}/s", rate, "") for rate in opts.latency_rates]
     forwarder = [r.rate for r in runs if r.variant == FORWARDER.name and r.share == share]
     if forwarder:
-        loads.append((report.HALF_FORWARDER, statistics.median(forwarder) / 2))
+        loads.append((report.HALF_FORWARDER, statistics.median(forwarder) / 2, ""))
+    for name in report.HALF_OWN:
+        own = [r.rate for r in runs if r.variant == name and r.share == share]
+        if own:
+            loads.append((report.half_own(name), statistics.median(own) / 2, name))
     return loads
 
 

@@ -57,11 +57,20 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
             assert r["vote_wait_s"] == 0, r
     # Every variant that can carry them, and the floor, at each of the same loads.
     latency = {(lat["variant"], lat["load"]) for lat in written["latency"]}
+    own = {report.half_own(name): name for name in report.HALF_OWN}
     assert latency == {
         (name, load)
         for name in [v.name for v in VARIANTS if v.fixed_load and not v.opt_in] + [FLOOR]
         for load in ("500/s", report.HALF_FORWARDER)
-    }
+    } | {(name, load) for load, name in own.items()} | {(FLOOR, load) for load in own}
+    # gateway-3 and gateway-5 at half their own maximum, split by process.
+    (half,) = [t for t in written["targets"] if t["where"] == report.half_own("gateway-3")]
+    assert half["goal"] == "<= 25" and half["measured"] is not None
+    splits = {s["variant"]: s for s in written["cpu_split"]}
+    assert len(splits["gateway-5"]["redis_us"]) == 5 and min(splits["gateway-5"]["redis_us"]) > 0
+    assert splits["forwarder"]["gateway_us"] > 0 and splits["gateway-3"]["broker_us"] > 0
+    (process,) = [t for t in written["targets"] if t["goal"] == "<= 1.25"]
+    assert process["measured"] > 0
     assert all(lat["correct"] and lat["samples"] > 0 for lat in written["latency"])
     assert all(lat["p99_added_ms"] is not None for lat in written["latency"])
     assert written["scaling"]["ratio"] > 0  # gateway-3x2 against gateway-3x1
