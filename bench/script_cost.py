@@ -3,11 +3,11 @@ and how a batch's chunks are best sent.
 
     python -m bench.script_cost                      # 200k new ids, batches of 2000, 3 instances
     python -m bench.script_cost --instances 1        # without 3 servers sharing 2 cores
-    python -m bench.script_cost --fill 300           # steady state: ~300 marks per bucket, 3 slices
+    python -m bench.script_cost --fill 32            # steady state: ~32 marks per bucket, 3 slices
     python -m bench.script_cost --batch 100000       # the largest batch: calls stay short
     python -m bench.script_cost --warm 200000        # buckets already there (mid-slice)
     python -m bench.script_cost --compare-sending    # pipelined chunks against the others
-    python -m bench.script_cost --floor --fill 64    # what each part of a new id costs
+    python -m bench.script_cost --floor --fill 32    # what each part of a new id costs
 
 Starts its own redis-server processes on free ports and calls `Quorum.claim`
 (the product's path). Redis CPU per digest is read two ways, per instance:
@@ -234,7 +234,7 @@ def report_cost(
         f"{statistics.median(grown):.1f} bytes per mark (used_memory)[/] "
         f"({len(ids):,} digests, {copies:,} copies, batches of {args.batch}, "
         f"buckets {args.buckets}, ttl {args.ttl}"
-        f"{f', fill {args.fill}: 3 live slices' if args.fill else ''}"
+        f"{f', fill {args.fill}: {SLICES_BACK + 1} live slices' if args.fill else ''}"
         f"{f', after {args.warm:,} warm-up ids' if args.warm else ''}); "
         f"{len(ids) / seconds:,.0f} digests/s, gateway CPU {cpu / len(ids) * 1e6:.1f} usec "
         f"per digest; redis-cli --latency on {servers[0].name}: {waited}"
@@ -299,47 +299,13 @@ PARTS = (
 
 async def floor(args: argparse.Namespace, settings: Settings) -> None:
     """Per round, a fresh fill; each part on its own fresh ids; medians over rounds."""
-    quorum = Quorum(settings.redis, Metrics())
-    client = quorum.members[0].client
-    assert isinstance(client, aioredis.Redis), "standalone members only"
-    prefix, owner = quorum.prefix, owner_token("raw", 0, 1)
-    ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
     costs: dict[str, list[float]] = {}
-
-    async def cpu() -> float:
-        info: dict[str, Any] = await client.info("cpu")
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-    try:
-        for round_no in range(args.rounds):
-            await client.flushall()
-            await quorum.check()
-            await fill_older(client, prefix, args.buckets, args.fill, ttl_ms)
-            sha = await client.script_load(PART)
-            ids = [mark_digest(f"{round_no}-{i}".encode()) for i in range(args.digests)]
-            t0 = await cpu()
-            for start in range(0, len(ids), 2000):
-                async with client.pipeline(transaction=False) as pipe:
-                    for digest in ids[start : start + 2000]:
-                        pipe.set(prefix + b"k:" + digest, owner, nx=True, px=ttl_ms)
-                    await pipe.execute()
-            costs.setdefault("SET key NX PX per id, pipelined (no script)", []).append(
-                (await cpu() - t0) / len(ids) * 1e6
-            )
-            for part, (name, what, keys) in enumerate(PARTS):
-                part_ids = [d[:11] + bytes([part]) for d in ids]  # fresh fields, same buckets
-                t0 = await cpu()
-                for start in range(0, len(part_ids), 500):
-                    chunk = b"".join(part_ids[start : start + 500])
-                    await client.evalsha(sha, 0, what, prefix + keys, args.buckets, chunk, owner)
-                costs.setdefault(name, []).append((await cpu() - t0) / len(ids) * 1e6)
-            t0 = await cpu()
-            await claim_all(quorum, ids, args.batch, f"floor-{round_no}")
-            costs.setdefault(
-                f"the claim script, {SLICES_BACK + 1} live slices (product)", []
-            ).append((await cpu() - t0) / len(ids) * 1e6)
-    finally:
-        await quorum.close()
+    for round_no in range(args.rounds):
+        quorum = Quorum(settings.redis, Metrics())  # a new one per round: the data is new
+        try:
+            await floor_round(args, settings, quorum, round_no, costs)
+        finally:
+            await quorum.close()
     console.print(
         f"Redis CPU per id (used_cpu), one instance, {args.digests:,} ids, {args.buckets:,} "
         f"buckets, older slices full at {args.fill} marks per bucket; medians of "
@@ -350,6 +316,48 @@ async def floor(args: argparse.Namespace, settings: Settings) -> None:
             f"  {name:52s} {statistics.median(values):6.2f} usec   "
             f"({', '.join(f'{v:.2f}' for v in values)})"
         )
+
+
+async def floor_round(
+    args: argparse.Namespace, settings: Settings, quorum: Quorum, round_no: int,
+    costs: dict[str, list[float]],
+) -> None:  # fmt: skip
+    """One round of `floor`, its costs appended to `costs`."""
+    client = quorum.members[0].client
+    assert isinstance(client, aioredis.Redis), "standalone members only"
+    prefix, owner = quorum.prefix, owner_token("raw", 0, 1)
+    ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
+
+    async def cpu() -> float:
+        info: dict[str, Any] = await client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    await client.flushall()
+    await quorum.check()
+    await fill_older(client, prefix, args.buckets, args.fill, ttl_ms)
+    sha = await client.script_load(PART)
+    ids = [mark_digest(f"{round_no}-{i}".encode()) for i in range(args.digests)]
+    t0 = await cpu()
+    for start in range(0, len(ids), 2000):
+        async with client.pipeline(transaction=False) as pipe:
+            for digest in ids[start : start + 2000]:
+                pipe.set(prefix + b"k:" + digest, owner, nx=True, px=ttl_ms)
+            await pipe.execute()
+    costs.setdefault("SET key NX PX per id, pipelined (no script)", []).append(
+        (await cpu() - t0) / len(ids) * 1e6
+    )
+    for part, (name, what, keys) in enumerate(PARTS):
+        part_ids = [d[:11] + bytes([part]) for d in ids]  # fresh fields, same buckets
+        t0 = await cpu()
+        for start in range(0, len(part_ids), 500):
+            chunk = b"".join(part_ids[start : start + 500])
+            await client.evalsha(sha, 0, what, prefix + keys, args.buckets, chunk, owner)
+        costs.setdefault(name, []).append((await cpu() - t0) / len(ids) * 1e6)
+    t0 = await cpu()
+    await claim_all(quorum, ids, args.batch, f"floor-{round_no}")
+    costs.setdefault(f"the claim script, {SLICES_BACK + 1} live slices (product)", []).append(
+        (await cpu() - t0) / len(ids) * 1e6
+    )
 
 
 def main() -> int:
