@@ -39,12 +39,14 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.processes import GatewayProcesses, process_cpu, write_config
+from bench.steady import fill_older
 from bench.variants import Subject, Variant, build_subject
 from devtools.localstack import LocalStack, free_port
 from devtools.topics import create_topics
 from devtools.traffic import Traffic
-from gateway.config import Settings, load_settings, parse_duration
+from gateway.config import RedisSettings, Settings, load_settings, parse_duration
 from gateway.metrics import Metrics
+from gateway.quorum.scripts import SLICES_BACK
 
 REPO = Path(__file__).resolve().parents[1]
 Progress = Callable[[int], None]
@@ -86,6 +88,12 @@ class ThroughputRun:
     cluster_client_bytes_per_mark: list[float] = field(default_factory=list)
     # A spark variant's CPU by process, fixed cost per batch and phases (bench/spark.py).
     spark: dict[str, Any] | None = None
+    # Where the members stood (dedup variants): the slices a new id was searched in, and
+    # the marks per bucket of each (the current slice's when the run ended).
+    live_slices: int = 0
+    marks_per_bucket: float = 0.0
+    # redis_cpu_s by server (the variant's members' servers, cluster masters first).
+    redis_cpu_each_s: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -161,9 +169,10 @@ FETCH_MAX_WAIT = "5ms"
 
 
 def bench_config(
-    stack: LocalStack, variant: Variant, raw: str, clean: str, port: int = 0
+    stack: LocalStack, variant: Variant, raw: str, clean: str, port: int = 0, buckets: int = 0
 ) -> dict[str, Any]:
-    """The settings of one run, as config sections."""
+    """The settings of one run, as config sections (`buckets`: `[redis] buckets`, 0 for
+    the default)."""
     config: dict[str, Any] = {
         "kafka": {"bootstrap_servers": stack.bootstrap, "raw_topics": [raw], "clean_topic": clean,
                   "group_id": f"bench-{clean}", "quarantine_topic": f"{clean}-quarantine",
@@ -174,6 +183,8 @@ def bench_config(
         "metrics": {"host": "127.0.0.1", "port": port},
         "log": {"level": "ERROR"},
     }  # fmt: skip
+    if buckets:
+        config["redis"]["buckets"] = buckets
     if variant.lanes:
         del config["kafka"]["raw_topics"]
         config["lanes"] = [
@@ -188,8 +199,30 @@ def urgent_topic(raw: str) -> str:
     return f"{raw}-urgent"
 
 
-def bench_settings(stack: LocalStack, variant: Variant, raw: str, clean: str) -> Settings:
-    return load_settings(None, **bench_config(stack, variant, raw, clean))
+def bench_settings(
+    stack: LocalStack, variant: Variant, raw: str, clean: str, buckets: int = 0
+) -> Settings:
+    return load_settings(None, **bench_config(stack, variant, raw, clean, buckets=buckets))
+
+
+def steady_fill(variant: Variant, fill: int) -> int:
+    """The marks per bucket `variant`'s members are filled to before a run (bench/steady.py):
+    `fill` for the product on standalone members; 0 (fresh members, default buckets) for
+    gateway-3-fresh, the cluster member and the variants without marks."""
+    steady = variant.dedup and not (variant.naive or variant.fresh or variant.cluster)
+    return fill if steady else 0
+
+
+async def prefill(urls: Sequence[str], buckets: int, fill: int) -> None:
+    """Every member's older live slices full: `buckets` x `fill` marks each."""
+    redis = load_settings(redis={"nodes": urls}).redis
+    ttl_ms = int(redis.ttl.total_seconds() * 1000)
+
+    async def one(url: str) -> None:
+        async with aioredis.Redis.from_url(url) as client:
+            await fill_older(client, redis.key_prefix.encode(), buckets, fill, ttl_ms)
+
+    await asyncio.gather(*(one(u) for u in urls))
 
 
 @contextlib.asynccontextmanager
@@ -274,14 +307,22 @@ def clean_topic(variant: str, share: float, round_no: int) -> str:
 
 async def throughput(
     stack: LocalStack, variant: Variant, raw: PreparedTopic, round_no: int, progress: Progress,
-    *, keep_clean: bool = False,
+    *, keep_clean: bool = False, fill: int = 0,
 ) -> ThroughputRun:  # fmt: skip
-    """`keep_clean`: leave the clean topic for the spark variants (they delete it)."""
+    """`keep_clean`: leave the clean topic for the spark variants (they delete it).
+    `fill`: marks per bucket at steady state (`steady_fill`): `[redis] buckets` is the
+    run's distinct ids / fill, and every member's older slices are filled first, so a
+    new id is searched in SLICES_BACK + 1 slices of `fill`-mark buckets."""
     on = members(stack, variant)
     urls = on.servers
     assert stack.broker is not None and stack.broker.proc is not None
     broker_pid = stack.broker.proc.pid
     await flush(urls)
+    fill = steady_fill(variant, fill)
+    ids = len(raw.traffic.unique_ids)
+    buckets = max(1, ids // fill) if fill else 0
+    if fill:
+        await prefill(on.servers, buckets, fill)
     clean = clean_topic(variant.name, raw.share, round_no)
     await create_topics(stack.bootstrap, {clean: 4, f"{clean}-quarantine": 1})
     if variant.lanes:
@@ -291,14 +332,15 @@ async def throughput(
     if variant.kind == "processes":
         port = free_port()
         config = write_config(
-            stack.state_dir / f"{clean}.toml", bench_config(stack, variant, raw.name, clean, port)
+            stack.state_dir / f"{clean}.toml",
+            bench_config(stack, variant, raw.name, clean, port, buckets),
         )
         processes = GatewayProcesses(
             config, variant.workers, port, stack.state_dir / f"{clean}.log"
         )
         subject, cpu_of = processes, processes.cpu_s
     else:
-        subject = build_subject(variant, bench_settings(stack, variant, raw.name, clean))
+        subject = build_subject(variant, bench_settings(stack, variant, raw.name, clean, buckets))
     counts = subject.metrics
     before = await redis_info(urls)
     total = raw.traffic.produced
@@ -307,7 +349,7 @@ async def throughput(
         await until(task, lambda: counts.consumed() > 0)
         t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
         waited0 = counts.vote_wait_s()
-        redis0 = redis_cpu(await redis_info(urls))
+        redis0 = [redis_cpu([info]) for info in await redis_info(urls)]
 
         def finished() -> bool:  # polled every 10 ms: one read of the counters (~75 µs)
             handled = counts.handled()
@@ -323,10 +365,11 @@ async def throughput(
         stack.bootstrap, [f"{clean}-quarantine"] if keep_clean else [clean, f"{clean}-quarantine"]
     )
     expected_forwarded, expected_duplicates = raw.expected(variant)
-    clustered, ids = len(on.cluster_nodes), len(raw.traffic.unique_ids)
+    clustered = len(on.cluster_nodes)
     return ThroughputRun(
         variant=variant.name, share=raw.share, round=round_no, records=total,
-        seconds=seconds, gateway_cpu_s=cpu, redis_cpu_s=redis_cpu(after) - redis0,
+        seconds=seconds, gateway_cpu_s=cpu, redis_cpu_s=redis_cpu(after) - sum(redis0),
+        redis_cpu_each_s=[redis_cpu([a]) - b for a, b in zip(after, redis0, strict=True)],
         broker_cpu_s=broker_cpu, vote_wait_s=waited,
         forwarded=counts.forwarded_total(),
         duplicates=counts.duplicates_total(),
@@ -342,6 +385,11 @@ async def throughput(
         cluster_client_bytes_per_mark=[
             _per_mark(after[:clustered], before[:clustered], ids, "mem_clients_normal")
         ] if clustered and variant.dedup else [],
+        live_slices=(SLICES_BACK + 1 if fill else 1) if variant.dedup and not variant.naive else 0,
+        marks_per_bucket=(
+            ids / (buckets or RedisSettings.model_fields["buckets"].default)
+            if variant.dedup and not variant.naive else 0.0
+        ),
     )  # fmt: skip
 
 

@@ -31,6 +31,15 @@ SPARK_PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commi
                 "triggerExecution")  # fmt: skip
 TARGET_SHARE = 0.2
 HALF_FORWARDER = "half forwarder max"  # the load named after the forwarder's maximum
+# Variants also measured at half their own median maximum (bench/run.py, `_loads`).
+HALF_OWN = ("gateway-3", "gateway-5")
+
+
+def half_own(variant: str) -> str:
+    """The load named after `variant`'s own maximum."""
+    return f"half {variant} max"
+
+
 NO_GOAL = "none (reported)"  # a target row that informs: no goal, never "missed"
 
 
@@ -148,21 +157,64 @@ class Results:
         pairs = [value(r) / base[r.round] for r in self.of(variant, share) if r.round in base]
         return statistics.median(pairs) if pairs else None
 
+    def process_cpu_ratio(self, variant: str, baseline: str, share: float) -> float | None:
+        """Median over rounds of variant's gateway-process CPU per record / baseline's,
+        both from the same round."""
+        base = {r.round: r.gateway_cpu_s / r.records for r in self.of(baseline, share)}
+        pairs = [
+            r.gateway_cpu_s / r.records / base[r.round]
+            for r in self.of(variant, share)
+            if base.get(r.round)
+        ]
+        return statistics.median(pairs) if pairs else None
+
+    def cpu_split(self, variant: str, share: float) -> dict[str, Any] | None:
+        """µs of CPU per record by process, medians over rounds: the gateway process,
+        each Redis server, the broker, and all of them."""
+        runs = self.of(variant, share)
+        if not runs:
+            return None
+        servers = min(len(r.redis_cpu_each_s) for r in runs)
+
+        def us(values: Iterable[float]) -> float:
+            return statistics.median(values) * 1e6
+
+        return {
+            "variant": variant,
+            "share": share,
+            "gateway_us": us(r.gateway_cpu_s / r.records for r in runs),
+            "redis_us": [us(r.redis_cpu_each_s[k] / r.records for r in runs)
+                         for k in range(servers)],
+            "broker_us": us(r.broker_cpu_s / r.records for r in runs),
+            "total_us": us((r.gateway_cpu_s + r.redis_cpu_s + r.broker_cpu_s) / r.records
+                           for r in runs),
+        }  # fmt: skip
+
     def per_million(self, variant: str, share: float, attr: str) -> float:
         return statistics.median(
             float(getattr(r, attr)) / r.records * 1e6 for r in self.of(variant, share)
         )
 
     def redis_us_per_new_id(self, variant: str) -> tuple[str, float] | None:
-        """(where, Redis CPU µs per new id per instance): at 0% duplicates, where every
-        record is a new id; else at the target share, the duplicates' lookups charged
-        to the new ids."""
-        instances = int(variant.rsplit("-", 1)[1])
-        share = 0.0 if 0.0 in self.shares else self.target_share
+        """(where, Redis CPU µs per new id per instance) at the target share, the
+        duplicates' lookups charged to the new ids, and the fill it was measured at."""
+        instances = int(variant.split("-")[1])
+        share = self.target_share
         if not self.of(variant, share) or share >= 1:
             return None
         cost = self.per_million(variant, share, "redis_cpu_s") / instances / (1 - share)
-        return f"per instance, {share:.0%} dups", cost
+        return f"per instance, {share:.0%} dups, {self.fill(variant)}", cost
+
+    def fill(self, variant: str) -> str:
+        """Where `variant`'s members stood: live slices searched and marks per bucket
+        (bench/steady.py), from its runs at the target share."""
+        runs = self.of(variant, self.target_share) or [r for r in self.runs if r.variant == variant]
+        slices = max((r.live_slices for r in runs), default=0)
+        per_bucket = statistics.median(r.marks_per_bucket for r in runs) if runs else 0.0
+        if not slices:
+            return "fill not recorded"
+        marks = f"{per_bucket:.0f}" if per_bucket >= 10 else f"{per_bucket:.1f}"
+        return f"{slices} live slice{'s' if slices > 1 else ''}, ~{marks} marks per bucket"
 
     def bytes_per_mark(self, variant: str) -> float | None:
         """Per standalone instance, median over instances and runs."""
@@ -211,16 +263,31 @@ class Results:
             ("gateway-3-cluster / gateway-3", f"{share:.0%} dups", NO_GOAL,
              self.ratio("gateway-3-cluster", "gateway-3", share), lambda v: None),
         ]  # fmt: skip
+        rows.append(("gateway-3 process CPU per record / forwarder's", f"{share:.0%} dups",
+                     "<= 1.25", self.process_cpu_ratio("gateway-3", FORWARDER.name, share),
+                     lambda v: v <= 1.25))  # fmt: skip
         for load in self.loads:
             if (lat := self.latency("gateway-3", load)) is not None:
                 rows.append(("gateway-3 p99 over broker-floor, ms", load, "<= 25",
                              self.added(lat, 99), lambda v: v <= 25))  # fmt: skip
+        if (lat := self.latency("gateway-5", half_own("gateway-5"))) is not None:
+            rows.append(("gateway-5 p99 over broker-floor, ms", lat.load, NO_GOAL,
+                         self.added(lat, 99), lambda v: None))  # fmt: skip
         if (cost := self.redis_us_per_new_id("gateway-3")) is not None:
             rows.append(("Redis CPU per new id, µs", cost[0], "<= 4", cost[1],
                          lambda v: v <= 4))  # fmt: skip
         if (mark := self.bytes_per_mark("gateway-3")) is not None:
-            rows.append(("Redis bytes per mark", "per instance", "<= 45", mark,
-                         lambda v: v <= 45))  # fmt: skip
+            rows.append(("Redis bytes per mark", f"per instance, {self.fill('gateway-3')}",
+                         "<= 45", mark, lambda v: v <= 45))  # fmt: skip
+        # The same on members that start empty with the default bucket count: how the
+        # benchmark measured before it filled them (small buckets, one live slice).
+        if (cost := self.redis_us_per_new_id("gateway-3-fresh")) is not None:
+            rows.append(("Redis CPU per new id, gateway-3-fresh, µs", cost[0], NO_GOAL,
+                         cost[1], lambda v: None))  # fmt: skip
+        if (mark := self.bytes_per_mark("gateway-3-fresh")) is not None:
+            rows.append(("Redis bytes per mark, gateway-3-fresh",
+                         f"per instance, {self.fill('gateway-3-fresh')}", NO_GOAL, mark,
+                         lambda v: None))  # fmt: skip
         if (mark := self.cluster_bytes_per_mark("gateway-3-cluster")) is not None:
             # Reported: the goal is per instance; a cluster member's masters each hold a
             # share of the buckets, few marks per bucket at this run's size.
@@ -294,11 +361,18 @@ class Results:
                 if (value := self.cluster_bytes_per_mark(name)) is not None
             },
             "targets": self.targets(),
+            "cpu_split": self.cpu_splits(),
             "delay": None
             if self.delay is None
             else {**asdict(self.delay), "ratios": self.delay.ratios},
             "runs": [r.as_dict() for r in self.runs],
         }
+
+    def cpu_splits(self) -> list[dict[str, Any]]:
+        """`cpu_split` of the forwarder and the product variants that ran, target share."""
+        names = (FORWARDER.name, "gateway-3", "gateway-3-fresh", "gateway-5")
+        splits = (self.cpu_split(n, self.target_share) for n in names if n in self.present)
+        return [s for s in splits if s is not None]
 
     def scaling(self) -> dict[str, Any] | None:
         """gateway-3 as 2 worker processes against 1, in the same round."""
@@ -473,6 +547,22 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
             ),
         ),
     ]
+    if splits := results.cpu_splits():
+        lines += [
+            "",
+            f"**CPU per record by process** (µs, {results.target_share:.0%} dups, medians over "
+            "rounds; Redis: each member's server, in the order of `[redis] nodes`)",
+            "",
+            *_table(
+                ["variant", "gateway process", "Redis, each member", "broker", "all"],
+                (
+                    [s["variant"], f"{s['gateway_us']:.2f}",
+                     " / ".join(f"{v:.2f}" for v in s["redis_us"]) or "-",
+                     f"{s['broker_us']:.2f}", f"{s['total_us']:.2f}"]
+                    for s in splits
+                ),
+            ),
+        ]  # fmt: skip
     if spark_rows := results.spark_summary():
         lines += [
             "",

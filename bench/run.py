@@ -2,6 +2,8 @@
 
 1. Start a broker and five redis-server processes (`devtools.localstack`),
    and a 3-master Redis Cluster when a chosen variant has a cluster member.
+   Before each product run its members are filled to steady state
+   (`--fill` marks per bucket in two older slices, bench/steady.py).
 2. Fill one raw topic per duplicate share (and a smaller one for `naive`,
    which is ~20x slower) before any variant runs.
 3. Rounds: in each, every variant reads every share's topic once; the order
@@ -50,6 +52,7 @@ from bench.measure import (
     latency,
     throughput,
 )
+from bench.steady import SIZING_FILL
 from bench.variants import CLUSTER_MASTERS, FORWARDER, SPARK_INPUT, VARIANTS, Variant
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import create_topics
@@ -81,6 +84,7 @@ class Options:
     results_md: Path | None
     default_gc: bool
     variants: list[str]
+    fill: int
 
 
 async def prepare(stack: LocalStack, opts: Options) -> dict[tuple[str, float], PreparedTopic]:
@@ -142,7 +146,9 @@ async def bench(opts: Options) -> report.Results:
                         )
                 else:
                     keep = bool(sparks) and variant.name == SPARK_INPUT and share == spark_share
-                    run = await throughput(stack, variant, raw, round_no, show, keep_clean=keep)
+                    run = await throughput(
+                        stack, variant, raw, round_no, show, keep_clean=keep, fill=opts.fill
+                    )
                     if keep:
                         spark_rows = run.forwarded
                 progress.remove_task(current)
@@ -154,9 +160,9 @@ async def bench(opts: Options) -> report.Results:
         latencies: list[LatencyRun] = []
         if opts.latency_seconds > 0:
             share = LATENCY_SHARE if LATENCY_SHARE in opts.shares else opts.shares[0]
-            for load, rate in _loads(opts, runs, share):
+            for load, rate, only in _loads(opts, runs, share):
                 for variant in _chosen(opts):
-                    if not variant.fixed_load:
+                    if not variant.fixed_load or (only and variant.name != only):
                         continue
                     with console.status(f"latency: {variant.name} at {rate:,.0f} records/s"):
                         latencies.append(
@@ -178,12 +184,20 @@ async def bench(opts: Options) -> report.Results:
     return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts), delay=delay)
 
 
-def _loads(opts: Options, runs: list[ThroughputRun], share: float) -> list[tuple[str, float]]:
-    """The offered loads every variant's latency is measured at: (name, records/s)."""
-    loads = [(f"{rate:,.0f}/s", rate) for rate in opts.latency_rates]
+def _loads(opts: Options, runs: list[ThroughputRun], share: float) -> list[tuple[str, float, str]]:
+    """The offered loads latency is measured at: (name, records/s, the one variant
+    measured there, or '' for every variant that can carry it). Each load also gets
+    broker-floor: `--latency-rates`, half the forwarder's median maximum, and half
+    of gateway-3's and gateway-5's own (report.HALF_OWN): a variant at the same share of
+    what it can carry, whatever the others can."""
+    loads = [(f"{rate:,.0f}/s", rate, "") for rate in opts.latency_rates]
     forwarder = [r.rate for r in runs if r.variant == FORWARDER.name and r.share == share]
     if forwarder:
-        loads.append((report.HALF_FORWARDER, statistics.median(forwarder) / 2))
+        loads.append((report.HALF_FORWARDER, statistics.median(forwarder) / 2, ""))
+    for name in report.HALF_OWN:
+        own = [r.rate for r in runs if r.variant == name and r.share == share]
+        if own:
+            loads.append((report.half_own(name), statistics.median(own) / 2, name))
     return loads
 
 
@@ -261,7 +275,14 @@ def parse_args(argv: list[str] | None = None) -> Options:
     defaults = [v.name for v in VARIANTS if not v.opt_in]
     parser.add_argument("--variants", nargs="+", choices=names, default=defaults,
                         help="run only these (the targets need all of them)")  # fmt: skip
+    parser.add_argument("--fill", type=int, default=SIZING_FILL,
+                        help="marks per bucket the members are filled to before each run "
+                             "(steady state: two full older slices, `[redis] buckets` = the "
+                             "run's distinct ids / FILL; bench/steady.py); 0: fresh members, "
+                             "default buckets")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.fill < 0:
+        parser.error("--fill: marks per bucket, 0 or more")
     if any(not 0 <= s < 1 for s in args.shares):
         parser.error("--shares: each share must be in [0, 1)")
     if any(n.startswith("spark-") for n in args.variants) and SPARK_INPUT not in args.variants:

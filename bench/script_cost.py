@@ -3,10 +3,11 @@ and how a batch's chunks are best sent.
 
     python -m bench.script_cost                      # 200k new ids, batches of 2000, 3 instances
     python -m bench.script_cost --instances 1        # without 3 servers sharing 2 cores
-    python -m bench.script_cost --steady --ttl 16s   # two older slices full first (3 lookups)
+    python -m bench.script_cost --fill 32            # steady state: ~32 marks per bucket, 3 slices
     python -m bench.script_cost --batch 100000       # the largest batch: calls stay short
     python -m bench.script_cost --warm 200000        # buckets already there (mid-slice)
     python -m bench.script_cost --compare-sending    # pipelined chunks against the others
+    python -m bench.script_cost --floor --fill 32    # what each part of a new id costs
 
 Starts its own redis-server processes on free ports and calls `Quorum.claim`
 (the product's path). Redis CPU per digest is read two ways, per instance:
@@ -16,6 +17,15 @@ process's CPU seconds / digests: includes reading the request). The longest
 call comes from `LATENCY HISTOGRAM evalsha` (power-of-two buckets): what
 another gateway can wait behind one call. `redis-cli --latency` on the first
 instance, run alongside, shows what a plain client waited.
+
+`--floor` shows what bounds the script: on one instance whose older slices
+are full (`--fill`), the Redis CPU per id (`INFO cpu`) of a plain `SET key NX
+PX` per id (pipelined, no script), then of one script call per chunk of 500
+digests doing only the claim's loop (digest, bucket name), one `redis.call`
+that finds no key, an `HGET` that misses in a full older bucket (one older
+slice's lookup), an `HSETNX` of a new field in the current slice, and the
+claim script itself: the product's cost per new id is about the loop, the
+`HSETNX`, an `HGET` per older slice and the expiry ledger.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import redis.asyncio as aioredis
 import uvloop
 from rich.console import Console
 
+from bench.steady import SIZING_FILL, fill_older
 from devtools.localstack import ManagedProcess, redis_server
 from gateway import sizing
 from gateway.config import Settings, load_settings
@@ -43,6 +54,7 @@ from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
 from gateway.quorum.link import MemberLink
 from gateway.quorum.quorum import Quorum
+from gateway.quorum.scripts import SLICES_BACK
 from gateway.quorum.transport import Transport
 
 console = Console()
@@ -57,10 +69,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--ttl", default="24h", help="[redis] ttl")
     p.add_argument("--duplicates", type=float, default=0.0, help="share of copies in the run")
     p.add_argument(
-        "--steady",
-        action="store_true",
-        help="first fill two older slices with --digests ids each (waits for slices to roll: "
-        "use a short --ttl), so every new id searches three slices",
+        "--fill",
+        type=int,
+        default=0,
+        help="marks per bucket at steady state: --buckets becomes --digests / FILL, two "
+        "older slices are written full first (bench/steady.py), so every new id searches "
+        "three slices of FILL-mark buckets, and the run fills the current one to FILL",
     )
     p.add_argument(
         "--warm",
@@ -75,7 +89,12 @@ def parse() -> argparse.Namespace:
         help="time a batch's chunks sent pipelined (the product), gathered on separate "
         "connections, one after another, and the whole batch as one call (before chunks)",
     )
-    p.add_argument("--rounds", type=int, default=3, help="rounds of --compare-sending")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of --compare-sending / --floor")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="the Redis CPU per id of each part of a claim (one instance; see above)",
+    )
     return p.parse_args()
 
 
@@ -136,7 +155,8 @@ async def server_stats(quorum: Quorum) -> Stats:
         )  # {b"evalsha": {b"calls": n, b"histogram_usec": {bound: count}}}
         buckets = histogram.get(b"evalsha", {}).get(b"histogram_usec", {})
         longest = max((int(bound) for bound in buckets), default=0)
-        out.append((int(row["calls"]), int(row["usec"]), used, longest))
+        memory: dict[str, Any] = await client.info("memory")
+        out.append((int(row["calls"]), int(row["usec"]), used, longest, int(memory["used_memory"])))
     return out
 
 
@@ -152,15 +172,7 @@ async def claim_all(quorum: Quorum, ids: list[bytes], batch: int, tag: str) -> l
     return took
 
 
-async def wait_for_next_slice(quorum: Quorum) -> None:
-    """Until the instances' current slice has ended (the next claim opens a new one)."""
-    client = quorum.members[0].client
-    ends = int(await client.hget(quorum.prefix + b"slice", "ends") or 0)
-    now_s, now_us = await client.time()
-    await asyncio.sleep(max(0.0, (ends - (now_s * 1000 + now_us // 1000)) / 1000) + 0.05)
-
-
-Stats = list[tuple[int, int, float, int]]  # per instance: see server_stats
+Stats = list[tuple[int, int, float, int, int]]  # per instance: see server_stats
 
 
 @dataclass
@@ -177,11 +189,11 @@ async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured
     quorum = Quorum(settings.redis, Metrics())
     try:
         await quorum.check()  # first contact: the instances' epochs
-        if args.steady:
-            for slice_no in (1, 2):
-                older = [mark_digest(f"old{slice_no}-{i}".encode()) for i in range(args.digests)]
-                await claim_all(quorum, older, args.batch, f"old{slice_no}")
-                await wait_for_next_slice(quorum)
+        if args.fill:
+            ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
+            for inst in quorum.members:
+                assert isinstance(inst.client, aioredis.Redis), "standalone members only"
+                await fill_older(inst.client, quorum.prefix, args.buckets, args.fill, ttl_ms)
         if args.warm:
             warm = [mark_digest(f"warm-{i}".encode()) for i in range(args.warm)]
             await claim_all(quorum, warm, args.batch, "warm")
@@ -206,7 +218,9 @@ def report_cost(
     seconds, cpu = measured.seconds, measured.cpu
     copies = int(args.digests * args.duplicates)
     cpu_us = [(after[2] - b[2]) * 1e6 for b, after in zip(before, stats, strict=True)]
-    for server, (calls, usec, _, longest), used in zip(servers, stats, cpu_us, strict=True):
+    distinct = len(ids) - copies
+    grown = [(after[4] - b[4]) / distinct for b, after in zip(before, stats, strict=True)]
+    for server, (calls, usec, _, longest, _), used in zip(servers, stats, cpu_us, strict=True):
         console.print(
             f"{server.name}: {calls} EVALSHA, {usec / max(calls, 1):,.0f} usec per call "
             f"(longest <= {longest:,} usec), {usec / len(ids):.2f} usec per digest "
@@ -215,9 +229,12 @@ def report_cost(
     mean = sum(s[1] for s in stats) / len(stats) / len(ids)
     console.print(
         f"[bold]{mean:.2f} usec per digest per instance (commandstats), "
-        f"{sum(cpu_us) / len(cpu_us) / len(ids):.2f} (used_cpu)[/] "
+        f"{sum(cpu_us) / len(cpu_us) / len(ids):.2f} (used_cpu), "
+        f"{sum(cpu_us) / len(cpu_us) / distinct:.2f} per new id (used_cpu), "
+        f"{statistics.median(grown):.1f} bytes per mark (used_memory)[/] "
         f"({len(ids):,} digests, {copies:,} copies, batches of {args.batch}, "
-        f"buckets {args.buckets}, ttl {args.ttl}{', steady' if args.steady else ''}"
+        f"buckets {args.buckets}, ttl {args.ttl}"
+        f"{f', fill {args.fill}: {SLICES_BACK + 1} live slices' if args.fill else ''}"
         f"{f', after {args.warm:,} warm-up ids' if args.warm else ''}); "
         f"{len(ids) / seconds:,.0f} digests/s, gateway CPU {cpu / len(ids) * 1e6:.1f} usec "
         f"per digest; redis-cli --latency on {servers[0].name}: {waited}"
@@ -244,7 +261,7 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
             finally:
                 await quorum.close()
     console.print(
-        f"sending {args.digests:,} new ids in batches of {args.batch} to {args.members} "
+        f"sending {args.digests:,} new ids in batches of {args.batch} to {args.instances} "
         f"instances, chunks of {sizing.CHUNK_DIGESTS}, {sizing.CHUNKS_PER_TRIP} per round "
         f"trip; medians of {args.rounds} rounds"
     )
@@ -256,10 +273,102 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
         )
 
 
+# One call per chunk, each digest's bucket named as the claim script does (prelude.lua,
+# `hash_of`, `bucket_of`); ARGV: what to do per digest, key prefix, buckets, digests.
+PART = """#!lua
+local what, prefix, buckets, digests = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local owner = ARGV[5]
+for i = 1, #digests / 12 do
+  local digest = string.sub(digests, (i - 1) * 12 + 1, i * 12)
+  local a, b, c = string.byte(digest, 1, 3)
+  local bucket = string.format('%s%d', prefix, (a * 65536 + b * 256 + c) % buckets)
+  if what == 'hget' then redis.call('HGET', bucket, digest)
+  elseif what == 'hsetnx' then redis.call('HSETNX', bucket, digest, owner) end
+end
+return 0
+"""
+# (name, what, bucket prefix): `m:1:` is a full older slice, `m:9:` a slice no mark is in
+# yet, `none:` names no key.
+PARTS = (
+    ("script loop only (digest, bucket name)", "loop", b"m:1:"),
+    ("loop + one redis.call that finds no key (HGET)", "hget", b"none:"),
+    ("loop + HGET missing in a full older bucket", "hget", b"m:1:"),
+    ("loop + HSETNX of a new field, current slice", "hsetnx", b"m:9:"),
+)
+
+
+async def floor(args: argparse.Namespace, settings: Settings) -> None:
+    """Per round, a fresh fill; each part on its own fresh ids; medians over rounds."""
+    costs: dict[str, list[float]] = {}
+    for round_no in range(args.rounds):
+        quorum = Quorum(settings.redis, Metrics())  # a new one per round: the data is new
+        try:
+            await floor_round(args, settings, quorum, round_no, costs)
+        finally:
+            await quorum.close()
+    console.print(
+        f"Redis CPU per id (used_cpu), one instance, {args.digests:,} ids, {args.buckets:,} "
+        f"buckets, older slices full at {args.fill} marks per bucket; medians of "
+        f"{args.rounds} rounds (each round's in brackets)"
+    )
+    for name, values in costs.items():
+        console.print(
+            f"  {name:52s} {statistics.median(values):6.2f} usec   "
+            f"({', '.join(f'{v:.2f}' for v in values)})"
+        )
+
+
+async def floor_round(
+    args: argparse.Namespace, settings: Settings, quorum: Quorum, round_no: int,
+    costs: dict[str, list[float]],
+) -> None:  # fmt: skip
+    """One round of `floor`, its costs appended to `costs`."""
+    client = quorum.members[0].client
+    assert isinstance(client, aioredis.Redis), "standalone members only"
+    prefix, owner = quorum.prefix, owner_token("raw", 0, 1)
+    ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
+
+    async def cpu() -> float:
+        info: dict[str, Any] = await client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    await client.flushall()
+    await quorum.check()
+    await fill_older(client, prefix, args.buckets, args.fill, ttl_ms)
+    sha = await client.script_load(PART)
+    ids = [mark_digest(f"{round_no}-{i}".encode()) for i in range(args.digests)]
+    t0 = await cpu()
+    for start in range(0, len(ids), 2000):
+        async with client.pipeline(transaction=False) as pipe:
+            for digest in ids[start : start + 2000]:
+                pipe.set(prefix + b"k:" + digest, owner, nx=True, px=ttl_ms)
+            await pipe.execute()
+    costs.setdefault("SET key NX PX per id, pipelined (no script)", []).append(
+        (await cpu() - t0) / len(ids) * 1e6
+    )
+    for part, (name, what, keys) in enumerate(PARTS):
+        part_ids = [d[:11] + bytes([part]) for d in ids]  # fresh fields, same buckets
+        t0 = await cpu()
+        for start in range(0, len(part_ids), 500):
+            chunk = b"".join(part_ids[start : start + 500])
+            await client.evalsha(sha, 0, what, prefix + keys, args.buckets, chunk, owner)
+        costs.setdefault(name, []).append((await cpu() - t0) / len(ids) * 1e6)
+    t0 = await cpu()
+    await claim_all(quorum, ids, args.batch, f"floor-{round_no}")
+    costs.setdefault(f"the claim script, {SLICES_BACK + 1} live slices (product)", []).append(
+        (await cpu() - t0) / len(ids) * 1e6
+    )
+
+
 def main() -> int:
     args = parse()
+    if args.floor:
+        args.instances = 1
+        args.fill = args.fill or SIZING_FILL
+    if args.fill:
+        args.buckets = max(1, (args.digests - int(args.digests * args.duplicates)) // args.fill)
     with tempfile.TemporaryDirectory(prefix="script-cost-") as state:
-        servers = [redis_server(Path(state), f"redis-{i}") for i in range(args.members)]
+        servers = [redis_server(Path(state), f"redis-{i}") for i in range(args.instances)]
         latency: subprocess.Popen[bytes] | None = None
         try:
             for server in servers:
@@ -270,6 +379,9 @@ def main() -> int:
             )
             if args.compare_sending:
                 uvloop.run(compare_sending(args, settings))
+                return 0
+            if args.floor:
+                uvloop.run(floor(args, settings))
                 return 0
             redis_cli = shutil.which("redis-cli")
             if redis_cli:  # what a plain client on the first instance waits meanwhile

@@ -9,6 +9,11 @@
   headers, batches, producer, commits) with dedup switched off, no Redis call;
 - `gateway-N`: the product, one CLAIM script call per instance per batch, the
   N instances queried concurrently;
+- `gateway-3-fresh`: gateway-3 on members that start empty, with the default
+  `[redis] buckets` (16,384: about a dozen marks per bucket at the benchmark's
+  size, one live slice): how the benchmark measured before `--fill`; every
+  other product variant runs on members filled to steady state first
+  (`python -m bench --fill`, bench/steady.py);
 - `naive-3`: the patent as written (and Redpanda Connect's dedupe processor):
   one `SET key NX PX ttl` per message per instance, awaited one after another;
 - `gateway-3-lanes`: gateway-3 with two priority lanes (`[[lanes]]`): the
@@ -26,7 +31,7 @@
   Spark half on the clean topic gateway-3 wrote in the same round, at the
   targets' duplicate share (bench/spark.py).
 
-The first seven run in the benchmark's own process (same event loop, same
+The first eight run in the benchmark's own process (same event loop, same
 measuring overhead), so their ratios compare like with like.
 """
 
@@ -60,6 +65,7 @@ class Variant:
     cluster: bool = False  # the first member is the stack's Redis Cluster (CLUSTER_MASTERS)
     headers: bool = False  # the ceiling adds three headers like the gateway's
     opt_in: bool = False  # run only when named in --variants
+    fresh: bool = False  # members not filled first, default `[redis] buckets` (bench/steady.py)
 
     @property
     def fixed_load(self) -> bool:
@@ -80,6 +86,7 @@ VARIANTS: tuple[Variant, ...] = (
     FORWARDER,
     Variant("gateway-1", redis=1),
     Variant("gateway-3", redis=3),
+    Variant("gateway-3-fresh", redis=3, fresh=True),
     Variant("gateway-5", redis=5),
     Variant("naive-3", redis=3, naive=True),
     Variant("gateway-3-lanes", redis=3, lanes=True),

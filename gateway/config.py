@@ -157,8 +157,9 @@ class RedisSettings(_Section):
     # No braces: a cluster member's keys put their hash tag after it.
     key_prefix: str = Field(default="dd:", max_length=32, pattern=r"^[^{}]*$")
     # Hash buckets per time slice that marks are spread over (gateway/quorum/keys.py):
-    # aim for a few hundred marks per bucket at most, i.e. about
-    # distinct ids per ttl / 2 / 300. Each live bucket costs about one Redis key.
+    # about 32 marks per bucket, i.e. distinct ids per ttl / 2 / 32 (a lookup scans its
+    # bucket: ~300 per bucket costs a few bytes less per mark and about twice the
+    # Redis CPU per new id). Each live bucket costs about one Redis key.
     buckets: int = Field(default=16_384, ge=1, le=2**24)
     # Per-member bound on one round trip (up to sizing.CHUNKS_PER_TRIP chunks of
     # sizing.CHUNK_DIGESTS digests); a slower member counts as no answer.

@@ -13,6 +13,7 @@ import pytest
 from bench import report, run
 from bench.measure import FLOOR, ThroughputRun
 from bench.processes import ScrapedCounts
+from bench.steady import SIZING_FILL
 from bench.variants import VARIANTS
 
 # The in-process and process variants; the spark ones have their own test (a Spark session).
@@ -56,11 +57,20 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
             assert r["vote_wait_s"] == 0, r
     # Every variant that can carry them, and the floor, at each of the same loads.
     latency = {(lat["variant"], lat["load"]) for lat in written["latency"]}
+    own = {report.half_own(name): name for name in report.HALF_OWN}
     assert latency == {
         (name, load)
         for name in [v.name for v in VARIANTS if v.fixed_load and not v.opt_in] + [FLOOR]
         for load in ("500/s", report.HALF_FORWARDER)
-    }
+    } | {(name, load) for load, name in own.items()} | {(FLOOR, load) for load in own}
+    # gateway-3 and gateway-5 at half their own maximum, split by process.
+    (half,) = [t for t in written["targets"] if t["where"] == report.half_own("gateway-3")]
+    assert half["goal"] == "<= 25" and half["measured"] is not None
+    splits = {s["variant"]: s for s in written["cpu_split"]}
+    assert len(splits["gateway-5"]["redis_us"]) == 5 and min(splits["gateway-5"]["redis_us"]) > 0
+    assert splits["forwarder"]["gateway_us"] > 0 and splits["gateway-3"]["broker_us"] > 0
+    (process,) = [t for t in written["targets"] if t["goal"] == "<= 1.25"]
+    assert process["measured"] > 0
     assert all(lat["correct"] and lat["samples"] > 0 for lat in written["latency"])
     assert all(lat["p99_added_ms"] is not None for lat in written["latency"])
     assert written["scaling"]["ratio"] > 0  # gateway-3x2 against gateway-3x1
@@ -80,6 +90,16 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     assert "cores busy" in text and "cores allow" in text
     assert "| gateway-3 p99 over broker-floor, ms | 500/s |" in text
     assert "| gateway-3-cluster / gateway-3 |" in text and "cluster member (" in text
+    # The product ran on members filled to steady state (--fill, default SIZING_FILL:
+    # a new id searched in three slices); gateway-3-fresh on empty ones, default buckets.
+    for r in runs:
+        if r["variant"] in ("gateway-3", "gateway-5", "gateway-3x1"):
+            assert r["live_slices"] == 3, r
+            assert abs(r["marks_per_bucket"] - SIZING_FILL) < 1, r
+        if r["variant"] in ("gateway-3-fresh", "gateway-3-cluster"):
+            assert r["live_slices"] == 1 and r["marks_per_bucket"] < 1, r
+    assert f"3 live slices, ~{SIZING_FILL} marks per bucket | <= 4 |" in text
+    assert "| Redis CPU per new id, gateway-3-fresh, µs | per instance, 0% dups, 1 live" in text
 
 
 def test_the_spark_variants_read_gateway_3s_clean_topic_of_the_round_and_write_each_row_once(
