@@ -149,10 +149,10 @@ def check_result(result: DataFrame) -> None:
 
 
 def warn_if_mostly_failed(
-    failed: DataFrame, batch_id: int, records: int, failures: int, share: float
+    reasons: list[str], batch_id: int, records: int, failures: int, share: float
 ) -> bool:
-    """Log an ERROR naming the first reasons when more than `share` of a batch's
-    `records` failed (`failed`: its failed rows); returns whether it did.
+    """Log an ERROR naming `reasons` (the first of the batch's failure reasons) when more
+    than `share` of a batch's `records` failed; returns whether it did.
 
     Many failures at once mean a handler that does not fit the data (e.g. the
     `orders` example on records that are not JSON orders), not bad records: every
@@ -160,10 +160,9 @@ def warn_if_mostly_failed(
     """
     if records == 0 or failures <= share * records:
         return False
-    reasons = [r[REASON] for r in failed.select(REASON).distinct().limit(REASONS_SHOWN).collect()]
     logger.error(
         "batch %d: the handler failed %d of %d records (more than %.0f%%; each is released"
         " and retried); first reasons: %s",
-        batch_id, failures, records, share * 100, "; ".join(map(str, reasons)),
+        batch_id, failures, records, share * 100, "; ".join(reasons[:REASONS_SHOWN]),
     )  # fmt: skip
     return True

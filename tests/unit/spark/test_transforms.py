@@ -9,6 +9,7 @@ from datetime import datetime
 import pytest
 from aiokafka.structs import ConsumerRecord
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from devtools.handlers import failing_ids
 from gateway.contract.commands import parse_command
@@ -22,6 +23,7 @@ from spark_sink.handlers import (
 from spark_sink.kafka_source import SCHEMA
 from spark_sink.transforms import (
     all_failed,
+    batch_time,
     delivery_key,
     parse_dedup_headers,
     release_commands,
@@ -242,3 +244,18 @@ def test_passthrough_handler_succeeds_every_record_and_keeps_every_column(spark)
     assert [(r.offset, r.dedup_id) for r in ok.orderBy("offset").collect()] == [
         (0, "o-1"), (1, "o-2"), (2, None)
     ]  # fmt: skip
+
+
+def test_batch_time_is_current_timestamp_to_the_microsecond(spark):
+    """The dedup's processing time is `current_timestamp()` carried through `reflect`
+    (so each micro-batch's generated code stays the same): no precision is lost."""
+    row = (
+        spark.range(3)
+        .select(
+            F.min(batch_time() == F.current_timestamp()).alias("equal"),
+            F.first(F.unix_micros(batch_time()) % 1_000_000).alias("micros"),
+            F.first(F.unix_micros(F.current_timestamp()) % 1_000_000).alias("expected"),
+        )
+        .first()
+    )
+    assert row is not None and row.equal is True and row.micros == row.expected
