@@ -101,7 +101,9 @@ def batch_time() -> Column:
     compiled its own copy of the projection that holds it (Janino on the driver, then
     the JIT's C2 compiling it hot again), about half the job's JVM CPU per row
     (docs/spark-performance.md). `reflect` is evaluated outside generated code, so the
-    literal under it no longer changes that code; the microseconds round-trip exactly."""
+    literal under it no longer changes that code; the microseconds round-trip exactly.
+    Spark counts `reflect` as non-deterministic: this expression may not go inside an
+    aggregate, but the column it fills can (handlers see `processed_at` as a column)."""
     now = F.unix_micros(F.current_timestamp())
     micros = F.reflect(F.lit("java.lang.String"), F.lit("valueOf"), now)
     return F.timestamp_micros(micros.cast("long"))

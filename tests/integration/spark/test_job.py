@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from devtools.handlers import failing_ids
 from devtools.topics import create_topics, read_topic
@@ -312,3 +313,19 @@ def test_handler_crash_fails_the_whole_batch_and_the_stream_goes_on(spark, broke
     commands = release_commands(broker, settings, 4)
     assert sorted(c["id"] for c in commands) == ["o-4", "o-5", "o-6", "o-7"]
     assert all("ValueError: cannot price o-5" in c["reason"] for c in commands)
+
+
+def test_a_handler_can_aggregate_the_batchs_processing_time(spark, broker, make_settings):
+    """processed_at reaches the handler as a plain column (the dedup computed it through
+    `reflect`, which Spark forbids inside aggregates of the plan that evaluates it)."""
+    settings = make_settings()
+    produce(broker, settings.kafka.clean_topic, [order(n, partitions=3) for n in range(4)])
+
+    def stamped(records: DataFrame) -> DataFrame:
+        """orders, on the records stamped with the batch's latest processing time."""
+        latest = records.agg(F.max("processed_at").alias("latest"))
+        same = records.crossJoin(latest).where(F.col("processed_at") == F.col("latest"))
+        return orders(same.drop("latest"))
+
+    report = run_until_idle(settings, spark=spark, handler=stamped)
+    assert (report.written, report.failed) == (4, 0)
