@@ -94,6 +94,12 @@ def test_orders_handler_fails_invalid_amounts_with_a_reason(spark):
             (b"not json", gateway_headers(5)),
             (order_value(6, customer=None), gateway_headers(6)),
             (order_value(7, amount="12.5"), gateway_headers(7)),
+            (b"[1, 2]", gateway_headers(8)),
+            (b'"o-9"', gateway_headers(9)),
+            (b"", gateway_headers(10)),
+            (None, gateway_headers(11)),
+            (b"{}", gateway_headers(12)),
+            (b'{"order_id": "o-13"', gateway_headers(13)),
         )
     )
     result = orders(records)
@@ -107,11 +113,13 @@ def test_orders_handler_fails_invalid_amounts_with_a_reason(spark):
         "o-5": "value is not a JSON object",
         "o-6": "missing customer",
         "o-7": None,
+        **{f"o-{n}": "value is not a JSON object" for n in (8, 9, 10, 11, 13)},
+        "o-12": "missing order_id",
     }
     ok, failed = split_results(result)
     assert sorted(r.order_id for r in ok.collect()) == ["o-1", "o-7"]
     assert "dedup_token" not in ok.columns and "reason" not in ok.columns
-    assert failed.count() == 5
+    assert failed.count() == 11
     totals = {r.customer: (r.orders, r.amount) for r in customer_totals(ok).collect()}
     assert totals == {"c-1": (2, 11.0 + 12.5)}
 
