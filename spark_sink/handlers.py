@@ -51,6 +51,8 @@ ORDER_SCHEMA = StructType(
         StructField("amount", StringType()),
     ]
 )
+# Where `orders` finds a value that is not a JSON object (from_json's corrupt record).
+_CORRUPT = "_not_an_object"
 ORDER_COLUMNS = (
     "dedup_id",
     "order_id",
@@ -81,14 +83,16 @@ def orders(records: DataFrame) -> DataFrame:
     written output with `customer_totals`.
     """
     # Every field is read as text first: one non-numeric amount must fail that
-    # record with a clear reason, not null the whole parsed object.
-    order = F.from_json(F.col("value").cast("string"), ORDER_SCHEMA, {"mode": "PERMISSIVE"})
+    # record with a clear reason, not null the whole parsed object. One parse per
+    # record: a value that is not a JSON object (malformed, an array, a scalar) lands
+    # whole in the corrupt-record field, or parses to null when empty.
+    parsed = StructType([*ORDER_SCHEMA.fields, StructField(_CORRUPT, StringType())])
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+    order = F.from_json(F.col("value").cast("string"), parsed, options)
     raw_amount = F.col("_order.amount")
+    not_an_object = F.col("_order").isNull() | F.col(f"_order.{_CORRUPT}").isNotNull()
     reason = (
-        F.when(
-            F.json_object_keys(F.col("value").cast("string")).isNull(),
-            F.lit("value is not a JSON object"),
-        )
+        F.when(not_an_object, F.lit("value is not a JSON object"))
         .when(F.col("order_id").isNull(), F.lit("missing order_id"))
         .when(F.col("customer").isNull(), F.lit("missing customer"))
         .when(raw_amount.isNull(), F.lit("missing amount"))
@@ -149,10 +153,10 @@ def check_result(result: DataFrame) -> None:
 
 
 def warn_if_mostly_failed(
-    failed: DataFrame, batch_id: int, records: int, failures: int, share: float
+    reasons: list[str], batch_id: int, records: int, failures: int, share: float
 ) -> bool:
-    """Log an ERROR naming the first reasons when more than `share` of a batch's
-    `records` failed (`failed`: its failed rows); returns whether it did.
+    """Log an ERROR naming `reasons` (the first of the batch's failure reasons) when more
+    than `share` of a batch's `records` failed; returns whether it did.
 
     Many failures at once mean a handler that does not fit the data (e.g. the
     `orders` example on records that are not JSON orders), not bad records: every
@@ -160,10 +164,9 @@ def warn_if_mostly_failed(
     """
     if records == 0 or failures <= share * records:
         return False
-    reasons = [r[REASON] for r in failed.select(REASON).distinct().limit(REASONS_SHOWN).collect()]
     logger.error(
         "batch %d: the handler failed %d of %d records (more than %.0f%%; each is released"
         " and retried); first reasons: %s",
-        batch_id, failures, records, share * 100, "; ".join(map(str, reasons)),
+        batch_id, failures, records, share * 100, "; ".join(reasons[:REASONS_SHOWN]),
     )  # fmt: skip
     return True

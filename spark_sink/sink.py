@@ -4,27 +4,32 @@ A re-run gives what the first run gave. Spark journals each micro-batch's
 offsets before running it and re-runs an unfinished batch with the same id and
 the same input (and the same dedup state and processing time); the handler,
 though, may answer differently the second time (an external service changed
-its mind, a bug was fixed). So the handler is asked once per batch: its
-evaluated result (the batch's outcomes) is stored as Parquet under
-`<checkpoint_dir>/outcomes/<batch_id>/` and committed by a marker file written
-after it; a re-run that finds committed outcomes for the same input reuses
-them and does not call the handler. Output and release commands are both made
-from the stored outcomes, so a record is written or released, never both or
-neither, whatever the handler says on a re-run.
+its mind, a bug was fixed). So the handler is asked once per batch and its
+answer is stored before anyone sees it: the ok rows, written as Parquet to a
+staging directory `<output_path>/_pending/batch_id=<n>/` (hidden from readers
+of the output: Spark skips names starting with "_"), and the failed rows'
+release commands with the counts, in the marker file
+`<checkpoint_dir>/outcomes/<batch_id>/_OUTCOMES_COMPLETE` written after the
+Parquet. The marker decides the batch: only then is the staged directory moved
+to `<output_path>/batch_id=<n>/` and are the commands published. A re-run that
+finds a whole marker for the same input reuses it and does not call the
+handler: it finishes the move if the crash came before it, and publishes the
+stored commands unless they were. A record is written or released, never both
+or neither, whatever the handler says on a re-run.
 
-Cost per batch. The first run makes one pass over the input: the write of the
-outcomes, which also fingerprints the input and counts the outcomes (Spark's
-observed metrics, `DataFrame.observe`), so nothing is cached or counted apart.
-The output is a second pass, over the stored Parquet; release commands are
-collected only when some outcome failed. A re-run (a marker is there) makes one
-pass more to fingerprint its input before it trusts the stored outcomes.
+Cost per batch. The first run makes one pass over the input: the Parquet write
+of the ok rows, which also fingerprints the input, counts the outcomes and
+collects the failed rows' release commands (Spark's observed metrics,
+`DataFrame.observe`), so nothing is cached, counted apart or written twice. A
+re-run (a marker is there) makes one pass more to fingerprint its input before
+it trusts the marker.
 
-Exactly-once output. The ok rows of batch N are written with mode overwrite
-to `<output_path>/batch_id=N/`, so a re-run replaces what a crashed attempt
-left rather than adding to it. Readers see the whole output with
-`spark.read.parquet(output_path)` (batch_id becomes a column). To write
-somewhere else, set `spark.output_path` to any URI Spark can write (hdfs://,
-s3a://...), or replace `BatchSink.write_output` in a subclass for a table format.
+Exactly-once output. The ok rows of batch N end in `<output_path>/batch_id=N/`,
+moved there whole by a rename (a copy on object stores without renames), which
+replaces what an earlier attempt left. Readers see the whole output with
+`spark.read.parquet(output_path)` (batch_id becomes a column). `output_path`
+can be any URI Spark can write (hdfs://, s3a://...); for a table format,
+replace `BatchSink.stage_output` and `BatchSink.publish_output` in a subclass.
 
 Release commands once per failure. The failure topic cannot take part in a
 transaction (and the test broker has no transactions), so the sink keeps a
@@ -39,17 +44,18 @@ Markers hold a fingerprint of the batch's input (record count and an XOR of
 hashes of their coordinates) and count only when whole and equal to the
 current input's: a marker cut short by a crash (on HDFS a file is visible
 while it is written), or left by another query that reused the directory
-with other batch ids, is ignored. Every file under
-`checkpoint_dir` goes through Hadoop's FileSystem API (`CheckpointFiles`), so
-it can be any Hadoop URI (a local path, file:, hdfs:, s3a: with its
+with other batch ids, is ignored. Every file under `checkpoint_dir` and
+`output_path` goes through Hadoop's FileSystem API (`CheckpointFiles`), so
+either can be any Hadoop URI (a local path, file:, hdfs:, s3a: with its
 connector). Markers older than `MARKERS_KEPT` batches and outcomes older than
 `OUTCOMES_KEPT` are pruned: Spark only ever re-runs the last batch.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,8 +65,14 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import NullType, StringType
 
-from spark_sink.handlers import Handler, check_result, warn_if_mostly_failed
-from spark_sink.transforms import REASON, all_failed, release_commands, split_results
+from spark_sink.handlers import REASONS_SHOWN, Handler, check_result, warn_if_mostly_failed
+from spark_sink.transforms import (
+    REASON,
+    all_failed,
+    release_command,
+    split_results,
+    with_id_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +83,8 @@ REASON_MAX_CHARS = 1000
 FLUSH_TIMEOUT_S = 60.0
 RELEASES_DIR = "releases"
 OUTCOMES_DIR = "outcomes"
+# Under output_path: the ok rows of a batch before its marker commits them.
+PENDING_DIR = "_pending"
 # Inside the outcomes directory; Spark's Parquet reader skips names starting with "_".
 OUTCOMES_MARKER = "_OUTCOMES_COMPLETE"
 CHECKSUM_EXCEPTION = "org.apache.hadoop.fs.ChecksumException"
@@ -162,6 +176,14 @@ class CheckpointFiles:
         """Delete a file or a whole directory (nothing when absent)."""
         self._fs.delete(self._path(relative), True)
 
+    def replace(self, source: str, target: str) -> None:
+        """Move `source` (a file or directory) to `target`, replacing what is there."""
+        self._fs.delete(self._path(target), True)
+        destination = self._path(target)
+        self._fs.mkdirs(destination.getParent())
+        if not self._fs.rename(self._path(source), destination):
+            raise OSError(f"could not move {self.uri(source)} to {self.uri(target)}")
+
 
 def _fingerprint_columns() -> tuple[Column, Column]:
     """(count, xor of xxhash64(topic, partition, offset)) over a batch's records."""
@@ -194,32 +216,54 @@ def marker_text(fingerprint: str) -> str:
     return f"{fingerprint} complete"
 
 
-def outcomes_marker_text(fingerprint: str, ok: int, failed: int) -> str:
-    """What a committed outcomes marker holds: the input's fingerprint and the stored
-    outcomes' counts, so a re-run needs no pass to count them. Ends with `complete`:
-    a marker cut short never parses (`parse_outcomes_marker`)."""
-    return f"{fingerprint} ok={ok} failed={failed} complete"
-
-
-def parse_outcomes_marker(text: str | None) -> tuple[str, int, int] | None:
-    """(fingerprint, ok, failed) of a whole outcomes marker; None for a cut or absent one."""
-    found = re.fullmatch(r"(\S+) ok=(\d+) failed=(\d+) complete", text or "")
-    return None if found is None else (found[1], int(found[2]), int(found[3]))
-
-
 @dataclass(frozen=True)
 class StoredOutcomes:
-    """Where a batch's outcomes are stored, and what they hold."""
+    """A batch's outcomes as its first run decided them: the input's fingerprint, the
+    counts, the release commands (key, value) and the first failure reasons."""
 
-    uri: str
     fingerprint: str
     ok: int
     failed: int
+    commands: tuple[tuple[bytes, bytes], ...] = ()
+    reasons: tuple[str, ...] = ()
 
     @property
     def records(self) -> int:
         """Input records of the batch (the handler may have left some out)."""
         return int(self.fingerprint.split(":", 1)[0])
+
+
+def outcomes_marker_text(stored: StoredOutcomes) -> str:
+    """What a committed outcomes marker holds: one JSON object ending with
+    `"complete": true`, so a marker cut short never parses (`parse_outcomes_marker`)."""
+    b64 = base64.b64encode
+    return json.dumps(
+        {
+            "fingerprint": stored.fingerprint,
+            "ok": stored.ok,
+            "failed": stored.failed,
+            "reasons": list(stored.reasons),
+            "commands": [[b64(k).decode(), b64(v).decode()] for k, v in stored.commands],
+            "complete": True,
+        }
+    )
+
+
+def parse_outcomes_marker(text: str | None) -> StoredOutcomes | None:
+    """The outcomes a whole marker holds; None for a cut, absent or foreign one."""
+    try:
+        data = json.loads(text or "")
+        if data["complete"] is not True:
+            return None
+        return StoredOutcomes(
+            str(data["fingerprint"]),
+            int(data["ok"]),
+            int(data["failed"]),
+            tuple((base64.b64decode(k), base64.b64decode(v)) for k, v in data["commands"]),
+            tuple(str(r) for r in data["reasons"]),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def storable(results: DataFrame) -> DataFrame:
@@ -255,17 +299,18 @@ class BatchSink:
             self._process(records, batch_id)
 
     def _process(self, records: DataFrame, batch_id: int) -> None:
-        files = CheckpointFiles(records.sparkSession, str(self.checkpoint_dir))
-        stored = self.outcomes(records, batch_id, files)
+        spark = records.sparkSession
+        files = CheckpointFiles(spark, str(self.checkpoint_dir))
+        out = CheckpointFiles(spark, str(self.output_path))
+        stored = self.outcomes(records, batch_id, files, out)
         if stored.records == 0:
             return
-        outcomes = records.sparkSession.read.parquet(stored.uri)
-        ok, failed = split_results(outcomes)
         warn_if_mostly_failed(
-            failed, batch_id, stored.records, stored.failed, self.failure_alarm_share
-        )
-        self.write_output(ok, batch_id)
-        published = self.publish_releases(failed, batch_id, files, stored)
+            list(stored.reasons), batch_id, stored.records, stored.failed,
+            self.failure_alarm_share,
+        )  # fmt: skip
+        self.publish_output(out, batch_id)
+        published = self.publish_releases(batch_id, files, stored)
         self._prune(files, batch_id)
         self.counts.batches += 1
         self.counts.records += stored.records
@@ -277,41 +322,47 @@ class BatchSink:
             batch_id, stored.records, stored.ok, stored.failed, published,
         )  # fmt: skip
 
-    def outcomes(self, records: DataFrame, batch_id: int, files: CheckpointFiles) -> StoredOutcomes:
-        """The batch's stored outcomes: the handler's result stored by the first run of
-        this batch, or now (calling the handler) when there is none.
+    @staticmethod
+    def pending(batch_id: int) -> str:
+        """Where the ok rows of `batch_id` wait for their marker, under output_path."""
+        return f"{PENDING_DIR}/batch_id={batch_id}"
 
-        Stored as Parquet in `outcomes/<batch_id>/`, committed by the marker file
-        written after it (the input's fingerprint and the counts); a directory without
-        a whole marker for the same input is overwritten. The first run evaluates the
-        input, the handler and the counts in one pass: the write of the outcomes."""
-        where = f"{OUTCOMES_DIR}/{batch_id}"
-        marker = f"{where}/{OUTCOMES_MARKER}"
+    def outcomes(
+        self, records: DataFrame, batch_id: int, files: CheckpointFiles, out: CheckpointFiles
+    ) -> StoredOutcomes:
+        """The batch's outcomes: those stored by the first run of this batch, or now
+        (calling the handler) when there are none.
+
+        The ok rows are staged under `output_path` (`pending`), then the marker
+        `outcomes/<batch_id>/_OUTCOMES_COMPLETE` commits them with the input's
+        fingerprint, the counts and the release commands; staged rows without a whole
+        marker for the same input are overwritten. The first run evaluates the input,
+        the handler, the counts and the commands in one pass: the staging write."""
+        marker = f"{OUTCOMES_DIR}/{batch_id}/{OUTCOMES_MARKER}"
         text = files.read_text(marker)
         if text is not None:  # a re-run, or another query's leftovers: compare inputs
             found = parse_outcomes_marker(text)
             _, fingerprint = input_fingerprint(records)
-            if found is not None and found[0] == fingerprint:
+            if found is not None and found.fingerprint == fingerprint:
                 logger.info(
                     "batch %d: re-run; reusing the outcomes stored by its first run", batch_id
                 )
                 self.counts.outcomes_reused += 1
-                return StoredOutcomes(files.uri(where), *found)
+                return found
             logger.warning(
-                "batch %d: stored outcomes are incomplete or for other input (%r, input now %r);"
-                " ignoring them", batch_id, text, fingerprint,
+                "batch %d: stored outcomes are incomplete or for other input (%.200r, input"
+                " now %r); ignoring them", batch_id, text, fingerprint,
             )  # fmt: skip
-        stored = self.store_handler_result(records, batch_id, files.uri(where))
+        stored = self.store_handler_result(records, batch_id, out.uri(self.pending(batch_id)))
         if stored.records:
-            files.write_text(
-                marker, outcomes_marker_text(stored.fingerprint, stored.ok, stored.failed)
-            )
+            files.write_text(marker, outcomes_marker_text(stored))
         return stored
 
     def store_handler_result(self, records: DataFrame, batch_id: int, uri: str) -> StoredOutcomes:
-        """Write the handler's result to `uri` in one pass that also fingerprints the input
-        and counts the outcomes (Spark's observed metrics); all records failed if the
-        handler raises or its result cannot be computed."""
+        """Stage the ok rows of the handler's result at `uri` in one pass that also
+        fingerprints the input, counts the outcomes and collects the release commands
+        (Spark's observed metrics); all records failed if the handler raises or its
+        result cannot be computed."""
         try:
             return self._store(records, self._checked_handler, uri)
         except Exception as exc:  # any handler bug must fail the records, not the stream
@@ -325,45 +376,63 @@ class BatchSink:
         check_result(results)
         return storable(results)
 
-    @staticmethod
-    def _store(records: DataFrame, handler: Handler, uri: str) -> StoredOutcomes:
+    def _store(self, records: DataFrame, handler: Handler, uri: str) -> StoredOutcomes:
         # Fresh observations each attempt: one a failed write never filled would block get.
         seen, outcome = Observation("dedup_sink_input"), Observation("dedup_sink_outcomes")
         failed = F.col(REASON).isNotNull()
-        results = handler(records.observe(seen, *_fingerprint_columns())).observe(
-            outcome, F.count_if(~failed).alias("ok"), F.count_if(failed).alias("failed")
+        results = with_id_bytes(handler(records.observe(seen, *_fingerprint_columns())))
+        summary = (
+            F.count_if(~failed).alias("ok"),
+            F.count_if(failed).alias("failed"),
+            # collect_list skips nulls: the commands of the failed rows that can be released.
+            F.collect_list(release_command()).alias("commands"),
+            F.min(F.when(failed, F.col(REASON))).alias("first_reason"),
+            F.max(F.when(failed, F.col(REASON))).alias("last_reason"),
         )
-        results.write.mode("overwrite").parquet(uri)
+        ok, _ = split_results(results.observe(outcome, *summary))
+        self.stage_output(ok, uri)
         fingerprint, counts = _observed(seen), _observed(outcome)
         if fingerprint is None:  # the handler's plan cut its input out (e.g. `limit(0)`)
             fingerprint = dict(zip("nx", input_fingerprint(records)[1].split(":"), strict=True))
         if counts is None:
-            stored = records.sparkSession.read.parquet(uri)
-            counts = {"ok": stored.where(~failed).count(), "failed": stored.where(failed).count()}
+            # The optimizer proved that no row is ok (e.g. a constant reason) and cut the
+            # observed node out with the write's input: nothing was staged; summarize apart.
+            row = results.agg(*summary).first()
+            assert row is not None  # a global aggregate always has one row
+            counts = row.asDict()
+        commands = tuple((bytes(c["key"]), bytes(c["value"])) for c in counts["commands"])
+        reasons = [counts["first_reason"], counts["last_reason"]]
+        reasons += [json.loads(value)["reason"] for _, value in commands[:REASONS_SHOWN]]
         return StoredOutcomes(
-            uri, f"{fingerprint['n']}:{fingerprint['x']}", int(counts["ok"]), int(counts["failed"])
-        )
+            f"{fingerprint['n']}:{fingerprint['x']}", int(counts["ok"]), int(counts["failed"]),
+            commands, tuple(dict.fromkeys(r for r in reasons if r is not None))[:REASONS_SHOWN],
+        )  # fmt: skip
 
-    def write_output(self, ok: DataFrame, batch_id: int) -> None:
-        """Write the ok rows of `batch_id`, replacing any earlier attempt."""
-        ok.write.mode("overwrite").parquet(f"{self.output_path.rstrip('/')}/batch_id={batch_id}")
+    def stage_output(self, ok: DataFrame, uri: str) -> None:
+        """Write the ok rows of a batch where they wait for its marker (`pending`)."""
+        ok.write.mode("overwrite").parquet(uri)
+
+    def publish_output(self, out: CheckpointFiles, batch_id: int) -> None:
+        """Move the batch's staged ok rows to `<output_path>/batch_id=<n>/`, replacing any
+        earlier attempt's; nothing when a run before this one moved them."""
+        if out.exists(self.pending(batch_id)):
+            out.replace(self.pending(batch_id), f"batch_id={batch_id}")
 
     def publish_releases(
-        self, failed: DataFrame, batch_id: int, files: CheckpointFiles, stored: StoredOutcomes
+        self, batch_id: int, files: CheckpointFiles, stored: StoredOutcomes
     ) -> int:
         """Publish the batch's release commands unless its marker says they were; returns
-        how many were published now. No pass over the outcomes when none failed."""
+        how many were published now."""
         marker = f"{RELEASES_DIR}/{batch_id}.done"
         if files.read_text(marker) == marker_text(stored.fingerprint):
             logger.info("batch %d: release commands already published, skipping", batch_id)
             return 0
-        commands = release_commands(failed).collect() if stored.failed else []
-        if commands:
-            self._publish(commands, batch_id)
+        if stored.commands:
+            self._publish(stored.commands, batch_id)
         files.write_text(marker, marker_text(stored.fingerprint))
-        return len(commands)
+        return len(stored.commands)
 
-    def _publish(self, commands: list[Any], batch_id: int) -> None:
+    def _publish(self, commands: tuple[tuple[bytes, bytes], ...], batch_id: int) -> None:
         from confluent_kafka import Producer
 
         if self._producer is None:
@@ -374,13 +443,8 @@ class BatchSink:
             if err is not None:
                 errors.append(str(err))
 
-        for row in commands:
-            self._producer.produce(
-                self.failure_topic,
-                key=bytes(row.key),
-                value=bytes(row.value),
-                on_delivery=delivered,
-            )
+        for key, value in commands:
+            self._producer.produce(self.failure_topic, key=key, value=value, on_delivery=delivered)
             self._producer.poll(0)
         left = self._producer.flush(FLUSH_TIMEOUT_S)
         if left or errors:

@@ -2,7 +2,7 @@
 
 The record path: Kafka-shaped rows (`kafka_source.SCHEMA`) -> `parse_dedup_headers`
 -> `drop_duplicate_deliveries` (streams only) -> the handler -> `split_results`
--> Parquet for the ok rows, `release_commands` for the failed ones.
+-> Parquet for the ok rows, `release_command` for the failed ones.
 """
 
 from __future__ import annotations
@@ -92,6 +92,23 @@ def delivery_key() -> Column:
     )
 
 
+def batch_time() -> Column:
+    """The micro-batch's processing time (`current_timestamp()`), written so that every
+    batch runs the same generated code.
+
+    Spark puts a stream's `current_timestamp()` into each batch's plan as a literal
+    after optimizing it, and generated code spells timestamp literals out: each batch
+    compiled its own copy of the projection that holds it (Janino on the driver, then
+    the JIT's C2 compiling it hot again), about half the job's JVM CPU per row
+    (docs/spark-performance.md). `reflect` is evaluated outside generated code, so the
+    literal under it no longer changes that code; the microseconds round-trip exactly.
+    Spark counts `reflect` as non-deterministic: this expression may not go inside an
+    aggregate, but the column it fills can (handlers see `processed_at` as a column)."""
+    now = F.unix_micros(F.current_timestamp())
+    micros = F.reflect(F.lit("java.lang.String"), F.lit("valueOf"), now)
+    return F.timestamp_micros(micros.cast("long"))
+
+
 def drop_duplicate_deliveries(records: DataFrame, window: timedelta) -> DataFrame:
     """Keep the first delivery of each source record and attempt (`delivery_key`)
     seen within `window`.
@@ -110,7 +127,7 @@ def drop_duplicate_deliveries(records: DataFrame, window: timedelta) -> DataFram
     Needs a streaming DataFrame.
     """
     return (
-        records.withColumn(PROCESSED_AT, F.current_timestamp())
+        records.withColumn(PROCESSED_AT, batch_time())
         .withColumn(_DEDUP_KEY, delivery_key())
         .withWatermark(PROCESSED_AT, interval(window))
         .dropDuplicatesWithinWatermark([_DEDUP_KEY, "dedup_attempt"])
@@ -144,8 +161,10 @@ def with_id_bytes(results: DataFrame) -> DataFrame:
     return results.withColumn(ID_BYTES, F.col("dedup_id").cast("binary"))
 
 
-def release_commands(failed: DataFrame) -> DataFrame:
-    """Failure-topic records (key, value as bytes) for failed rows that can be released.
+def release_command() -> Column:
+    """The release command of a failed row (of a result with `dedup_id_bytes`, see
+    `with_id_bytes`) as a struct (key, value as bytes); null when the row cannot be
+    released.
 
     key: the id's exact bytes (dedup_id_bytes). value: `{"id", "id_b64", "token",
     "reason", "source": {"topic", "partition", "offset"}, "attempt", "reasons"}`:
@@ -156,7 +175,6 @@ def release_commands(failed: DataFrame) -> DataFrame:
     (`topic/partition/offset`, the topic may hold slashes) cannot be released:
     the gateway rejects such a command, so none is made.
     """
-    failed = with_id_bytes(failed)
     parts = [F.regexp_extract(F.col("dedup_source"), _SOURCE_PATTERN, i) for i in (1, 2, 3)]
     # Spark's base64 breaks lines every 76 characters (MIME); the command wants one string.
     id_b64 = F.regexp_replace(F.base64(F.col(ID_BYTES)), r"[\r\n]", "")
@@ -174,12 +192,21 @@ def release_commands(failed: DataFrame) -> DataFrame:
         F.col("dedup_reasons").alias("reasons"),
     )
     releasable = (
-        F.col("dedup_id").isNotNull()
+        F.col(REASON).isNotNull()
+        & F.col("dedup_id").isNotNull()
         & F.col(ID_BYTES).isNotNull()
         & F.col("dedup_token").isNotNull()
         & F.col("dedup_source").rlike(_SOURCE_PATTERN)
     )
-    return failed.where(releasable).select(
+    command = F.struct(
         F.col(ID_BYTES).alias("key"),
         F.to_json(body, {"ignoreNullFields": "false"}).cast("binary").alias("value"),
     )
+    return F.when(releasable, command)
+
+
+def release_commands(failed: DataFrame) -> DataFrame:
+    """Failure-topic records (key, value as bytes) for the failed rows that can be
+    released (`release_command`)."""
+    command = with_id_bytes(failed).select(release_command().alias("c"))
+    return command.where(F.col("c").isNotNull()).select("c.key", "c.value")

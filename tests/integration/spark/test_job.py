@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from devtools.handlers import failing_ids
 from devtools.topics import create_topics, read_topic
 from spark_sink.config import SinkSettings, load_sink_settings
 from spark_sink.handlers import orders
 from spark_sink.job import connector_available, make_sink, run_until_idle, start_query
-from spark_sink.sink import BatchSink
+from spark_sink.sink import OUTCOMES_MARKER, BatchSink, CheckpointFiles, parse_outcomes_marker
 from tests.integration.spark.session import Clean, order, produce, source_token
 
 pytestmark = pytest.mark.spark
@@ -207,16 +208,17 @@ def test_rerun_batch_after_crash_outputs_each_record_once_and_releases_each_fail
 
 @dataclass
 class FailingOutputWrite(BatchSink):
-    """The real sink, except that writing the output raises `failures` times: the
-    batch dies after its outcomes were stored, before its output and commands."""
+    """The real sink, except that publishing the output raises `failures` times: the
+    batch dies after its outcomes were stored (the ok rows staged, the marker written),
+    before its output and commands are out."""
 
     failures: int = 1
 
-    def write_output(self, ok: DataFrame, batch_id: int) -> None:
+    def publish_output(self, out: CheckpointFiles, batch_id: int) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError(f"simulated crash writing the output of batch {batch_id}")
-        super().write_output(ok, batch_id)
+        super().publish_output(out, batch_id)
 
 
 def crash_first_run(spark: SparkSession, settings: SinkSettings, sink: Any, match: str) -> None:
@@ -259,6 +261,9 @@ def test_a_rerun_batch_releases_the_first_runs_failure_once_though_the_handler_n
     crash_first_run(spark, settings, crashing, "simulated crash writing the output of batch 0")
     crashing.close()
     assert crashing.counts.releases_published == 0
+    # The first run's ok rows are staged where readers of the output do not see them.
+    assert not Path(settings.spark.output_path, "batch_id=0").exists()
+    assert Path(settings.spark.output_path, "_pending", "batch_id=0").is_dir()
 
     report = run_until_idle(settings, spark=spark, handler=orders)
     assert (report.input_rows, report.written, report.failed) == (6, 5, 1)
@@ -270,7 +275,7 @@ def test_a_rerun_batch_releases_the_first_runs_failure_once_though_the_handler_n
     assert (command["id"], command["reason"]) == ("o-1", "first answer")
 
 
-def test_markers_and_outcomes_go_through_hadoop_so_checkpoint_dir_can_be_a_uri(
+def test_markers_outcomes_and_output_go_through_hadoop_so_both_paths_can_be_uris(
     spark, broker, make_settings, tmp_path, monkeypatch
 ):
     """`file:` URIs work through Hadoop's FileSystem (as hdfs:// and s3a:// do) but not
@@ -278,16 +283,18 @@ def test_markers_and_outcomes_go_through_hadoop_so_checkpoint_dir_can_be_a_uri(
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    root = tmp_path / "checkpoint-uri"
-    settings = make_settings(checkpoint_dir=f"file://{root}")
+    root, out = tmp_path / "checkpoint-uri", tmp_path / "output-uri"
+    settings = make_settings(checkpoint_dir=f"file://{root}", output_path=f"file://{out}")
     produce(broker, settings.kafka.clean_topic, [order(1), order(2, amount=-1)])
 
     report = run_until_idle(settings, spark=spark)
     assert (report.written, report.failed, report.releases_published) == (1, 1, 1)
     assert (root / "query" / "commits" / "0").is_file()  # Spark's own checkpoint
     assert (root / "releases" / "0.done").is_file()
-    assert (root / "outcomes" / "0" / "_OUTCOMES_COMPLETE").is_file()
-    assert spark.read.parquet(str(root / "outcomes" / "0")).count() == 2
+    stored = parse_outcomes_marker((root / "outcomes" / "0" / OUTCOMES_MARKER).read_text())
+    assert stored is not None and (stored.ok, stored.failed, len(stored.commands)) == (1, 1, 1)
+    assert [r.dedup_id for r in spark.read.parquet(str(out / "batch_id=0")).collect()] == ["o-1"]
+    assert list((out / "_pending").iterdir()) == []  # staged rows were moved, not copied
     assert list(cwd.iterdir()) == []
 
 
@@ -306,3 +313,19 @@ def test_handler_crash_fails_the_whole_batch_and_the_stream_goes_on(spark, broke
     commands = release_commands(broker, settings, 4)
     assert sorted(c["id"] for c in commands) == ["o-4", "o-5", "o-6", "o-7"]
     assert all("ValueError: cannot price o-5" in c["reason"] for c in commands)
+
+
+def test_a_handler_can_aggregate_the_batchs_processing_time(spark, broker, make_settings):
+    """processed_at reaches the handler as a plain column (the dedup computed it through
+    `reflect`, which Spark forbids inside aggregates of the plan that evaluates it)."""
+    settings = make_settings()
+    produce(broker, settings.kafka.clean_topic, [order(n, partitions=3) for n in range(4)])
+
+    def stamped(records: DataFrame) -> DataFrame:
+        """orders, on the records stamped with the batch's latest processing time."""
+        latest = records.agg(F.max("processed_at").alias("latest"))
+        same = records.crossJoin(latest).where(F.col("processed_at") == F.col("latest"))
+        return orders(same.drop("latest"))
+
+    report = run_until_idle(settings, spark=spark, handler=stamped)
+    assert (report.written, report.failed) == (4, 0)

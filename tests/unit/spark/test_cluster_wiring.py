@@ -13,11 +13,22 @@ import pytest
 
 from gateway.config import ConfigError
 from spark_sink.config import DEFAULT_HANDLER, load_sink_settings
-from spark_sink.job import check_planner_python, choose_worker_python, ship_code
+from spark_sink.job import check_planner_python, choose_worker_python, local_checkpoint, ship_code
 
 
 def test_the_default_handler_passes_every_record():
     assert DEFAULT_HANDLER == "spark_sink.handlers:passthrough"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_dir", "local"),
+    [("var/ck", True), ("/data/ck", True), ("file:///data/ck", True),
+     ("hdfs://nn:8020/ck", False), ("s3a://bucket/ck", False)],
+)  # fmt: skip
+def test_only_a_local_checkpoint_gets_the_file_system_based_checkpoint_manager(
+    checkpoint_dir, local
+):
+    assert local_checkpoint(load_sink_settings(spark={"checkpoint_dir": checkpoint_dir})) is local
 
 
 def test_workers_run_the_configured_python_else_an_inherited_one_else_this_one(monkeypatch):

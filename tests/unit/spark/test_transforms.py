@@ -9,6 +9,7 @@ from datetime import datetime
 import pytest
 from aiokafka.structs import ConsumerRecord
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from devtools.handlers import failing_ids
 from gateway.contract.commands import parse_command
@@ -22,6 +23,7 @@ from spark_sink.handlers import (
 from spark_sink.kafka_source import SCHEMA
 from spark_sink.transforms import (
     all_failed,
+    batch_time,
     delivery_key,
     parse_dedup_headers,
     release_commands,
@@ -92,6 +94,12 @@ def test_orders_handler_fails_invalid_amounts_with_a_reason(spark):
             (b"not json", gateway_headers(5)),
             (order_value(6, customer=None), gateway_headers(6)),
             (order_value(7, amount="12.5"), gateway_headers(7)),
+            (b"[1, 2]", gateway_headers(8)),
+            (b'"o-9"', gateway_headers(9)),
+            (b"", gateway_headers(10)),
+            (None, gateway_headers(11)),
+            (b"{}", gateway_headers(12)),
+            (b'{"order_id": "o-13"', gateway_headers(13)),
         )
     )
     result = orders(records)
@@ -105,11 +113,13 @@ def test_orders_handler_fails_invalid_amounts_with_a_reason(spark):
         "o-5": "value is not a JSON object",
         "o-6": "missing customer",
         "o-7": None,
+        **{f"o-{n}": "value is not a JSON object" for n in (8, 9, 10, 11, 13)},
+        "o-12": "missing order_id",
     }
     ok, failed = split_results(result)
     assert sorted(r.order_id for r in ok.collect()) == ["o-1", "o-7"]
     assert "dedup_token" not in ok.columns and "reason" not in ok.columns
-    assert failed.count() == 5
+    assert failed.count() == 11
     totals = {r.customer: (r.orders, r.amount) for r in customer_totals(ok).collect()}
     assert totals == {"c-1": (2, 11.0 + 12.5)}
 
@@ -242,3 +252,18 @@ def test_passthrough_handler_succeeds_every_record_and_keeps_every_column(spark)
     assert [(r.offset, r.dedup_id) for r in ok.orderBy("offset").collect()] == [
         (0, "o-1"), (1, "o-2"), (2, None)
     ]  # fmt: skip
+
+
+def test_batch_time_is_current_timestamp_to_the_microsecond(spark):
+    """The dedup's processing time is `current_timestamp()` carried through `reflect`
+    (so each micro-batch's generated code stays the same): no precision is lost."""
+    rows = (
+        spark.range(3)
+        .select(
+            F.unix_micros(batch_time()).alias("got"),
+            F.unix_micros(F.current_timestamp()).alias("expected"),
+        )
+        .collect()
+    )
+    assert len(rows) == 3 and all(r.got == r.expected for r in rows)
+    assert len({r.got for r in rows}) == 1  # one time for the whole query, as current_timestamp
