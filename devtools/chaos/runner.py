@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import random
 import re
 import signal
@@ -472,7 +473,7 @@ class Run:
             await asyncio.sleep(0.5)
         for name, up, trusted in state:
             if up and not trusted:
-                with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):
+                with contextlib.redirect_stdout(None), contextlib.redirect_stderr(io.StringIO()):
                     code = await rebuild(settings, name, source=None, dry_run=False, output="json")
                 self.event(f"runbook ({why}): `dedup-gateway rebuild {name}` exited {code}")
             elif not up:
