@@ -224,7 +224,7 @@ class RecordMaker:
         return replace(
             rec, kind=kind, headers=headers, expect=expect, reason=reason,
             message_id=message_id, timestamp_ms=ts, due_ms=due, entity=entity,
-            release_ms=max(close, due or 0),
+            release_ms=0 if expect == "quarantine" else max(close, due or 0),
         )  # fmt: skip
 
     def hostile(self, kind: str) -> Planned:
