@@ -379,7 +379,8 @@ def _hostile_commands(obs: Observations) -> Iterator[Violation]:
 
 def _delays(obs: Observations, ix: _Index) -> Iterator[Violation]:
     """Delay runs: no clean record before its due time or its window's close (`early`);
-    a window's newest version reaches the clean topic (`window`)."""
+    of each window that reached the clean topic, its newest version did (`window`: late
+    updates may send older ones on their own, before it)."""
     for d in obs.deliveries:
         e = ix.raw.get(d.source)
         due = max(
@@ -399,30 +400,28 @@ def _delays(obs: Observations, ix: _Index) -> Iterator[Violation]:
     for e in obs.entries:
         if e.entity is not None and e.topic is None and e.expect == "usable":
             by_entity[e.entity].append(e)
-    seen: set[tuple[bytes, tuple[int, int]]] = set()
+    windows: dict[tuple[bytes, tuple[int, int]], list[RawEntry]] = defaultdict(list)
     for d in obs.deliveries:
         e = ix.raw.get(d.source)
-        if d.window is None or e is None or e.entity is None or (e.entity, d.window) in seen:
-            continue
-        seen.add((e.entity, d.window))
-        start, end = d.window
-        mine = (e.timestamp_ms or 0, e.partition, e.offset)
-        for other in by_entity[e.entity]:
-            ts = other.timestamp_ms or 0
-            if not (start <= ts < end) or (ts, other.partition, other.offset) <= mine:
-                continue
-            resolved = (other.partition, other.offset) in ix.forwarded or (
-                other.message_id is not None and bool(ix.deliveries.get(other.message_id))
+        if d.window is not None and e is not None and e.entity is not None:
+            windows[(e.entity, d.window)].append(e)
+    for (entity, (start, end)), emitted in windows.items():
+        if any(not start <= (e.timestamp_ms or 0) < end for e in emitted):
+            continue  # stamped far ahead, windowed by the gateway's clock: not by stamps
+        inside = [o for o in by_entity[entity] if start <= (o.timestamp_ms or 0) < end]
+        newest = max(inside, key=lambda o: (o.timestamp_ms or 0, o.partition, o.offset))
+        resolved = (newest.partition, newest.offset) in ix.forwarded or (
+            newest.message_id is not None and bool(ix.deliveries.get(newest.message_id))
+        )  # or a copy of its id claimed it first: then that copy is the version
+        if not resolved:
+            yield Violation(
+                "window",
+                f"window {start}/{end} of key {readable(entity)!r} reached the clean topic "
+                f"({len(emitted)}x, e.g. {emitted[0].where}), but not its newest version "
+                f"{newest.where} (stamped {newest.timestamp_ms}, id "
+                f"{readable(newest.message_id or b'')!r}): "
+                f"{ix.history(newest.message_id or b'')}",
             )
-            if not resolved:
-                yield Violation(
-                    "window",
-                    f"window {start}/{end} of key {readable(e.entity)!r} reached the clean "
-                    f"topic as raw {d.source[0]}/{d.source[1]} (stamped {mine[0]}), but its "
-                    f"newer version {other.where} (stamped {ts}, id "
-                    f"{readable(other.message_id or b'')!r}) never did: "
-                    f"{ix.history(other.message_id or b'')}",
-                )
 
 
 def _exits(obs: Observations) -> Iterator[Violation]:

@@ -308,6 +308,10 @@ def test_a_window_must_reach_the_clean_topic_as_its_newest_version():
 
     # The newest emitted, the older merged into it: neither lost.
     assert check(observations(cfg, entries=entries, deliveries=[emitted(newer, (1, 0))])) == []
+    # Late updates: the oldest sent on its own, then the newest; the middle one merged.
+    middle = dataclasses.replace(entries[0], offset=1, message_id=b"mid", timestamp_ms=2_500)
+    both = [emitted(older, (0, 0)), emitted(newer, (1, 0))]
+    assert check(observations(cfg, entries=[*entries, middle], deliveries=both)) == []
     # The older emitted, the newer never: its window's newest version is missing.
     assert rules(observations(cfg, entries=entries, deliveries=[emitted(older, (0, 0))])) == [
         "lost",
