@@ -409,6 +409,8 @@ def _delays(obs: Observations, ix: _Index) -> Iterator[Violation]:
         if any(not start <= (e.timestamp_ms or 0) < end for e in emitted):
             continue  # stamped far ahead, windowed by the gateway's clock: not by stamps
         inside = [o for o in by_entity[entity] if start <= (o.timestamp_ms or 0) < end]
+        if not inside:
+            continue  # a key of records whose treatment is open (`either`)
         newest = max(inside, key=lambda o: (o.timestamp_ms or 0, o.partition, o.offset))
         resolved = (newest.partition, newest.offset) in ix.forwarded or (
             newest.message_id is not None and bool(ix.deliveries.get(newest.message_id))
