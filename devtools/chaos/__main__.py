@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pickle
 import random
 import re
 import shutil
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         if result.violations:
             report = result.report()
             (workdir / "report.txt").write_text(report + "\n")
+            # What the checker saw, to check it again (pickle.load) after changing a rule.
+            (workdir / "observations.pickle").write_bytes(pickle.dumps(result.observations))
             print(report, flush=True)
             print(f"logs: {workdir}", flush=True)
         elif not args.keep:

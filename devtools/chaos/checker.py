@@ -13,7 +13,14 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from devtools.chaos.schedule import GRACE_MS, MAX_DELAY_S, Fault, RunConfig, outlives_session
+from devtools.chaos.schedule import (
+    GRACE_MS,
+    MAX_DELAY_S,
+    WINDOW_MS,
+    Fault,
+    RunConfig,
+    outlives_session,
+)
 from devtools.chaos.standin import DeadLetter, Delivery, fate, readable, source_of
 from devtools.chaos.timeline import StepRun, step_context
 from devtools.chaos.traffic import RawEntry
@@ -254,12 +261,16 @@ def _lost(obs: Observations, ix: _Index) -> Iterator[Violation]:
 def _merged(obs: Observations, ix: _Index) -> set[bytes]:
     """Ids of coalesced records that a newer version of their window stands for: one
     of their key reached the clean topic with a window holding their timestamp (or,
-    stamped beyond max_delay ahead, windowed by the gateway's clock: any window)."""
+    stamped beyond max_delay ahead, windowed by the gateway's clock: any window). A
+    version without `dedup-window` (coalescing switched off while it waited, after
+    the older one's close dropped it) stands for the fixed window of its stamp."""
     versions: dict[bytes, list[tuple[tuple[int, int, int], tuple[int, int]]]] = defaultdict(list)
     for d in obs.deliveries:
         e = ix.raw.get(d.source)
-        if d.window is not None and e is not None and e.entity is not None:
-            versions[e.entity].append(((e.timestamp_ms or 0, *d.source), d.window))
+        if e is not None and e.entity is not None:
+            stamp = e.timestamp_ms or 0
+            window = d.window or (stamp - stamp % WINDOW_MS, stamp - stamp % WINDOW_MS + WINDOW_MS)
+            versions[e.entity].append(((stamp, *d.source), window))
     merged = set()
     for e in obs.entries:
         if e.entity is None or e.message_id is None or e.topic is not None:

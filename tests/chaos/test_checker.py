@@ -312,6 +312,10 @@ def test_a_window_must_reach_the_clean_topic_as_its_newest_version():
     middle = dataclasses.replace(entries[0], offset=1, message_id=b"mid", timestamp_ms=2_500)
     both = [emitted(older, (0, 0)), emitted(newer, (1, 0))]
     assert check(observations(cfg, entries=[*entries, middle], deliveries=both)) == []
+    # Coalescing switched off while the newer one waited: it comes plain, the older
+    # one (dropped at its close before) is merged into it all the same.
+    plain = dataclasses.replace(delivery(newer, (1, 0)), read_ms=5_000)
+    assert check(observations(cfg, entries=entries, deliveries=[plain])) == []
     # The older emitted, the newer never: its window's newest version is missing.
     assert rules(observations(cfg, entries=entries, deliveries=[emitted(older, (0, 0))])) == [
         "lost",
