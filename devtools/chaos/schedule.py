@@ -103,7 +103,11 @@ DELAY_HOSTILE = (
 TIERS = ("1s", "4s", "16s")  # the change removes the last one: its records are drained
 MAX_DELAY_S = 30  # delays asked for: up to 25 s, so some wait in the 16s tier
 TTL_BEFORE = "1h"
-TTL_AFTER_S = 40  # lowered by the change (at least max_delay)
+# Lowered by the change (at least max_delay). A mark must outlive the longest way from
+# its claim to its last failure command in a schedule (a broker stop, a gateway stop
+# past its session, a rebalance: about a minute); with 40 s, retries were lost when
+# their commands came after the mark expired (documented: an id lives `ttl`).
+TTL_AFTER_S = 75
 WINDOW_MS = 2000  # fixed coalescing windows
 GRACE_MS = 1000
 ENTITY_HEADER = "entity-id"  # the coalescing key

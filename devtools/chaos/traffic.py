@@ -136,7 +136,7 @@ class RecordMaker:
         if self.hostile_kinds and roll < self.config.hostile_share:
             return self.hostile(rng.choice(self.hostile_kinds))
         if self.issued and roll < self.config.hostile_share + self.config.duplicate_share:
-            # Delay runs lower the ttl to 40 s: copies stay well inside it.
+            # Delay runs lower the ttl to 75 s: copies stay well inside it.
             recent = self.issued[-1500:] if self.config.delay else self.issued[-5000:]
             return self._good("copy", rng.choice(recent))
         return self._good("new", self._new_id())
