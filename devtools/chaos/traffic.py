@@ -1,6 +1,7 @@
 """The raw traffic of a chaos run, and the ledger of what the broker acknowledged.
 
-`RecordMaker` is the seeded traffic (pure): new ids, copies of earlier ids on
+`RecordMaker` is the seeded traffic (pure but for the clock that delay runs
+stamp records and due times with: `now_ms`): new ids, copies of earlier ids on
 any partition (producer resends), and a share of hostile records, each with
 what a correct gateway does with it (`expect`): forward its id (`usable`),
 quarantine it with a reason code (`quarantine`), or either of the two where the
