@@ -263,14 +263,22 @@ def _merged(obs: Observations, ix: _Index) -> set[bytes]:
     of their key reached the clean topic with a window holding their timestamp (or,
     stamped beyond max_delay ahead, windowed by the gateway's clock: any window). A
     version without `dedup-window` (coalescing switched off while it waited, after
-    the older one's close dropped it) stands for the fixed window of its stamp."""
+    the older one's close dropped it) stands for the fixed window of its stamp, or
+    the one its `dedup-deliver-at` closes (stamped far ahead, windowed by the clock)."""
     versions: dict[bytes, list[tuple[tuple[int, int, int], tuple[int, int]]]] = defaultdict(list)
     for d in obs.deliveries:
         e = ix.raw.get(d.source)
-        if e is not None and e.entity is not None:
-            stamp = e.timestamp_ms or 0
-            window = d.window or (stamp - stamp % WINDOW_MS, stamp - stamp % WINDOW_MS + WINDOW_MS)
-            versions[e.entity].append(((stamp, *d.source), window))
+        if e is None or e.entity is None:
+            continue
+        stamp = e.timestamp_ms or 0
+        windows = (
+            [d.window]
+            if d.window
+            else [(stamp - stamp % WINDOW_MS, stamp - stamp % WINDOW_MS + WINDOW_MS)]
+        )
+        if d.window is None and d.deliver_at is not None:
+            windows.append((d.deliver_at - GRACE_MS - WINDOW_MS, d.deliver_at - GRACE_MS))
+        versions[e.entity] += [((stamp, *d.source), w) for w in windows]
     merged = set()
     for e in obs.entries:
         if e.entity is None or e.message_id is None or e.topic is not None:

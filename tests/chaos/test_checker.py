@@ -317,6 +317,11 @@ def test_a_window_must_reach_the_clean_topic_as_its_newest_version():
     # one (dropped at its close before) is merged into it all the same.
     plain = dataclasses.replace(delivery(newer, (1, 0)), read_ms=5_000)
     assert check(observations(cfg, entries=entries, deliveries=[plain])) == []
+    # Stamped hours ahead, windowed by the gateway's clock into the older one's window
+    # (its dedup-deliver-at is that close), and delivered plain after the switch.
+    ahead = dataclasses.replace(entries[1], timestamp_ms=9_000_000)
+    plain_ahead = dataclasses.replace(plain, deliver_at=4_000 + GRACE_MS)
+    assert check(observations(cfg, entries=[entries[0], ahead], deliveries=[plain_ahead])) == []
     # The older emitted, the newer never: its window's newest version is missing.
     assert rules(observations(cfg, entries=entries, deliveries=[emitted(older, (0, 0))])) == [
         "lost",
