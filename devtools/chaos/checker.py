@@ -258,6 +258,11 @@ def _lost(obs: Observations, ix: _Index) -> Iterator[Violation]:
             )
 
 
+# A record stamped this far ahead of the gateway's clock is windowed by that clock
+# (docs/coalescing.md, "Clocks": max_delay - window - grace).
+AHEAD_MS = MAX_DELAY_S * 1000 - WINDOW_MS - GRACE_MS
+
+
 def _merged(obs: Observations, ix: _Index) -> set[bytes]:
     """Ids of coalesced records that a newer version of their window stands for: one
     of their key reached the clean topic with a window holding their timestamp (or,
@@ -278,13 +283,19 @@ def _merged(obs: Observations, ix: _Index) -> set[bytes]:
         )
         if d.window is None and d.deliver_at is not None:
             windows.append((d.deliver_at - GRACE_MS - WINDOW_MS, d.deliver_at - GRACE_MS))
+        produced = obs.wall0_ms + int(e.at * 1000)
+        if d.window is None and stamp - produced > AHEAD_MS:
+            # Windowed by the clock of whichever gateway took it, between its production
+            # and its delivery; delivered plain (its due, or coalescing off) that window
+            # is not named.
+            windows.append((produced - produced % WINDOW_MS, d.read_ms))
         versions[e.entity] += [((stamp, *d.source), w) for w in windows]
     merged = set()
     for e in obs.entries:
         if e.entity is None or e.message_id is None or e.topic is not None:
             continue
         ts = e.timestamp_ms or 0
-        ahead = ts - (obs.wall0_ms + int(e.at * 1000)) > MAX_DELAY_S * 1000 - 3_000
+        ahead = ts - (obs.wall0_ms + int(e.at * 1000)) > AHEAD_MS
         mine = (ts, e.partition, e.offset)
         for newer, (start, end) in versions.get(e.entity, []):
             if newer > mine and (ahead or start <= ts < end):

@@ -322,6 +322,12 @@ def test_a_window_must_reach_the_clean_topic_as_its_newest_version():
     ahead = dataclasses.replace(entries[1], timestamp_ms=9_000_000)
     plain_ahead = dataclasses.replace(plain, deliver_at=4_000 + GRACE_MS)
     assert check(observations(cfg, entries=[entries[0], ahead], deliveries=[plain_ahead])) == []
+    # Stamped hours ahead with a delay of its own: delivered plain at its due, it stands
+    # for the window of whichever moment between its production and its delivery.
+    far = dataclasses.replace(entries[1], timestamp_ms=9_000_000, at=1.5)  # produced 1.5 s
+    late = dataclasses.replace(plain, read_ms=20_000, deliver_at=19_000)
+    seen = observations(cfg, entries=[entries[0], far], deliveries=[late], wall0_ms=0)
+    assert check(seen) == []
     # The older emitted, the newer never: its window's newest version is missing.
     assert rules(observations(cfg, entries=entries, deliveries=[emitted(older, (0, 0))])) == [
         "lost",
