@@ -78,6 +78,7 @@ QUIET_S = 5.0  # settled but ids unresolved, and nothing came for this long: giv
 MAX_RESTARTS = 10  # of gateways that exited unexpectedly, per run
 TIER_PARTITIONS = 3  # delay runs: partitions of each tier topic
 OLD_COPIES = 40  # delay runs: copies of ids claimed before the ttl was lowered, sent after it
+ROLLING_READY_S = 60.0  # the config change waits this long for each restarted gateway
 
 
 @dataclass
@@ -422,7 +423,29 @@ class Run:
             gateway.config = changed
             gateway.start(f"{step}: restarted with {changed.name}")
             self.restarting.discard(gateway.index)
-            self.event(f"g{gateway.index} restarted with {changed.name} (stop: exit code {code})")
+            ready = await self._assigned(gateway, ROLLING_READY_S)
+            self.event(
+                f"g{gateway.index} restarted with {changed.name} (stop: exit code {code}); "
+                + (
+                    "its raw partitions assigned"
+                    if ready
+                    else f"no partitions in {ROLLING_READY_S:.0f}s"
+                )
+            )
+
+    async def _assigned(self, gateway: GatewayProcess, timeout_s: float) -> bool:
+        """Whether the gateway's current incarnation logged a raw partition assignment
+        within `timeout_s`: the readiness a rolling update waits for before the next
+        step (stopping the next gateway sooner left the broker holding every group's
+        join for minutes, three runs in twelve: docs/development.md)."""
+        deadline = self.clock.now() + timeout_s
+        while self.clock.now() < deadline:
+            text = gateway.log.read_text(errors="replace") if gateway.log.exists() else ""
+            current = text.rsplit("=== chaos:", 1)[-1]
+            if "INFO gateway.kafka.offsets partitions assigned" in current:
+                return True
+            await asyncio.sleep(0.25)
+        return False
 
     async def _handover(self, step: Step) -> None:
         """Two members one after the other, within the guarantees: every member counted
