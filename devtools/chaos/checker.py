@@ -284,10 +284,11 @@ def _merged(obs: Observations, ix: _Index) -> set[bytes]:
         if d.window is None and d.deliver_at is not None:
             windows.append((d.deliver_at - GRACE_MS - WINDOW_MS, d.deliver_at - GRACE_MS))
         produced = obs.wall0_ms + int(e.at * 1000)
-        if d.window is None and stamp - produced > AHEAD_MS:
+        if stamp - produced > AHEAD_MS:
             # Windowed by the clock of whichever gateway took it, between its production
-            # and its delivery; delivered plain (its due, or coalescing off) that window
-            # is not named.
+            # and its delivery: delivered plain (its due, or coalescing off), that window
+            # is not named; taken again after a crash, it comes out in a later window
+            # than the one its first take put it in, whose older versions it merged.
             windows.append((produced - produced % WINDOW_MS, d.read_ms))
         versions[e.entity] += [((stamp, *d.source), w) for w in windows]
     merged = set()
