@@ -40,7 +40,7 @@ spark-pack: $(STAMP)  ## dist/spark-env.tar.gz for spark-submit --archives (docs
 
 SEED ?= 1
 MINUTES ?= 10
-chaos-ci: $(STAMP)  ## the two CI-size seeded schedules (tests/chaos/test_chaos.py)
+chaos-ci: $(STAMP)  ## the CI-size seeded schedules (tests/chaos/test_chaos.py)
 	$(PY) -m pytest -m chaos_schedule tests/chaos $(ARGS)
 
 chaos: $(STAMP)  ## seeded fault schedules, one after another: make chaos SEED=7 MINUTES=30

@@ -27,8 +27,17 @@ guarantee is one rule:
 - `exit`, `traceback`: no gateway exits but by the schedule (SIGKILL) or the
   final SIGTERM (code 0, within the deployments' 60 s grace period), and no
   gateway log holds a traceback;
+- `early`, `window`, `command-hostile` (delay runs, `RunConfig.delay`): no clean
+  record before it was due (its delay, or its coalescing window's close); of
+  each window on the clean topic, every newer version of it came too; every
+  failure command with hostile headers is skipped as invalid;
 - `stall`: progress resumes before each fault and the run settles in time;
   `ledger`, `unreadable`: the harness saw the whole run.
+
+Delay runs (`--delay yes`, or 4 seeds in 10) turn on `[delay]` and `[coalesce]`,
+add delayed, windowed and clock-skewed records, hostile records on the tier topics
+and the failure topic, a rolling restart into changed settings and a member
+handover (docs/development.md, "Chaos testing").
 
 The seed fixes the schedule (faults, targets, durations, pauses), the traffic,
 which ids fail, and the command chaos. Process timing is not fixed by it, so a

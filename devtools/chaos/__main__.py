@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pickle
 import random
 import re
 import shutil
@@ -49,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cluster", choices=("yes", "no"),
         help="force member 0 to be a Redis Cluster, or not (else the seed decides)",
     )  # fmt: skip
+    parser.add_argument(
+        "--delay", choices=("yes", "no"),
+        help="force delay runs ([delay] tiers, [coalesce], skewed clocks, hostile tier "
+        "records and commands, a config change, a member handover), or not (else the seed)",
+    )  # fmt: skip
     parser.add_argument("--exclude", default="", help="comma-separated fault or record kinds")
     parser.add_argument("--workdir", type=Path, default=Path(".state/chaos"))
     parser.add_argument("--keep", action="store_true", help="keep the logs of passing runs")
@@ -68,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             profile = args.profile
         cluster = None if args.cluster is None else args.cluster == "yes"
+        delay = None if args.delay is None else args.delay == "yes"
         schedule = make_schedule(
-            seed, args.schedule_seconds, profile, args.mode, exclude, args.session, cluster
+            seed, args.schedule_seconds, profile, args.mode, exclude, args.session, cluster, delay
         )
         print(schedule.describe(), flush=True)
         workdir = args.workdir.resolve() / f"seed-{seed}"
@@ -81,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         if result.violations:
             report = result.report()
             (workdir / "report.txt").write_text(report + "\n")
+            # What the checker saw, to check it again (pickle.load) after changing a rule.
+            (workdir / "observations.pickle").write_bytes(pickle.dumps(result.observations))
             print(report, flush=True)
             print(f"logs: {workdir}", flush=True)
         elif not args.keep:

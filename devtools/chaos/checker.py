@@ -13,7 +13,14 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from devtools.chaos.schedule import Fault, RunConfig, outlives_session
+from devtools.chaos.schedule import (
+    GRACE_MS,
+    MAX_DELAY_S,
+    WINDOW_MS,
+    Fault,
+    RunConfig,
+    outlives_session,
+)
 from devtools.chaos.standin import DeadLetter, Delivery, fate, readable, source_of
 from devtools.chaos.timeline import StepRun, step_context
 from devtools.chaos.traffic import RawEntry
@@ -72,6 +79,9 @@ class Observations:
     command_chaos: dict[str, int] = field(default_factory=dict)  # sent, duplicated, stale...
     skipped_commands: list[SkippedCommand] = field(default_factory=list)
     problems: list[Violation] = field(default_factory=list)  # found while running
+    raw_topic: str = ""  # quarantine copies naming another topic name a tier record
+    hostile_commands: list[str] = field(default_factory=list)  # their failure-topic refs
+    wall0_ms: int = 0  # the wall clock at the run's t=0 (RawEntry.at is on the run's clock)
 
 
 def check(obs: Observations) -> list[Violation]:
@@ -87,6 +97,8 @@ def check(obs: Observations) -> list[Violation]:
         *_dead_letters(obs, index),
         *_repeats(obs),
         *_commands(obs),
+        *_hostile_commands(obs),
+        *_delays(obs, index),
         *_exits(obs),
     ]
 
@@ -96,7 +108,7 @@ class _Index:
 
     def __init__(self, obs: Observations) -> None:
         self.obs = obs
-        self.raw = {(e.partition, e.offset): e for e in obs.entries}
+        self.raw = {(e.partition, e.offset): e for e in obs.entries if e.topic is None}
         self.copies: dict[bytes, list[RawEntry]] = defaultdict(list)
         for e in obs.entries:
             if e.message_id is not None:
@@ -112,12 +124,15 @@ class _Index:
         self.dead: dict[bytes, list[DeadLetter]] = defaultdict(list)
         for letter in obs.dead:
             self.dead[letter.message_id].append(letter)
-        self.quarantined: dict[tuple[int, int], list[QuarantineCopy]] = defaultdict(list)
+        # By (topic, partition, offset); the topic None for the raw topic.
+        Where = tuple[str | None, int, int]
+        self.quarantined: dict[Where, list[QuarantineCopy]] = defaultdict(list)
         for copy in obs.quarantine:
             for source in copy.sources:  # each copy under every place it names
                 with contextlib.suppress(ValueError, UnicodeDecodeError):
-                    _, partition, offset = source_of(source)
-                    self.quarantined[(partition, offset)].append(copy)
+                    topic, partition, offset = source_of(source)
+                    raw = not obs.raw_topic or topic == obs.raw_topic
+                    self.quarantined[(None if raw else topic, partition, offset)].append(copy)
 
     def when(self, at: float) -> str:
         return step_context(self.obs.step_runs, at)
@@ -144,7 +159,7 @@ class _Index:
 
 def _ledger(obs: Observations) -> Iterator[Violation]:
     """The raw topic holds exactly what the producer's acknowledgements account for."""
-    counts = Counter(e.partition for e in obs.entries)
+    counts = Counter(e.partition for e in obs.entries if e.topic is None)
     for partition, high in sorted(obs.raw_highwater.items()):
         if high != counts[partition]:
             yield Violation(
@@ -185,7 +200,7 @@ def _quarantine(obs: Observations, ix: _Index) -> Iterator[Violation]:
                 f"headers ({copy.sources!r:.120}): one of each must name its record",
             )
     for e in obs.entries:
-        copies = ix.quarantined.get((e.partition, e.offset), [])
+        copies = ix.quarantined.get((e.topic, e.partition, e.offset), [])
         if e.expect == "quarantine":
             reasons = [
                 c.errors[-1].decode(errors="replace").split(":", 1)[0] for c in copies if c.errors
@@ -216,7 +231,7 @@ def _lost(obs: Observations, ix: _Index) -> Iterator[Violation]:
     """Every usable id is processed successfully or dead-lettered; every record whose
     treatment is open (`either`) is forwarded or quarantined."""
     for e in obs.entries:
-        if e.expect != "either" or ix.quarantined.get((e.partition, e.offset)):
+        if e.expect != "either" or ix.quarantined.get((None, e.partition, e.offset)):
             continue
         resolved = (e.partition, e.offset) in ix.forwarded
         if e.message_id is not None:
@@ -230,7 +245,10 @@ def _lost(obs: Observations, ix: _Index) -> Iterator[Violation]:
     usable = dict.fromkeys(
         e.message_id for e in obs.entries if e.expect == "usable" and e.message_id is not None
     )
+    merged = _merged(obs, ix)
     for message_id in usable:
+        if message_id in merged:
+            continue
         if message_id is not None and not ix.ok.get(message_id) and not ix.dead.get(message_id):
             kind = fate(obs.config.seed, message_id, obs.config)
             yield Violation(
@@ -238,6 +256,53 @@ def _lost(obs: Observations, ix: _Index) -> Iterator[Violation]:
                 f"id {readable(message_id)!r} (fate {kind}) was never "
                 f"processed successfully nor dead-lettered: {ix.history(message_id)}",
             )
+
+
+# A record stamped this far ahead of the gateway's clock is windowed by that clock
+# (docs/coalescing.md, "Clocks": max_delay - window - grace).
+AHEAD_MS = MAX_DELAY_S * 1000 - WINDOW_MS - GRACE_MS
+
+
+def _merged(obs: Observations, ix: _Index) -> set[bytes]:
+    """Ids of coalesced records that a newer version of their window stands for: one
+    of their key reached the clean topic with a window holding their timestamp (or,
+    stamped beyond max_delay ahead, windowed by the gateway's clock: any window). A
+    version without `dedup-window` (coalescing switched off while it waited, after
+    the older one's close dropped it) stands for the fixed window of its stamp, or
+    the one its `dedup-deliver-at` closes (stamped far ahead, windowed by the clock)."""
+    versions: dict[bytes, list[tuple[tuple[int, int, int], tuple[int, int]]]] = defaultdict(list)
+    for d in obs.deliveries:
+        e = ix.raw.get(d.source)
+        if e is None or e.entity is None:
+            continue
+        stamp = e.timestamp_ms or 0
+        windows = (
+            [d.window]
+            if d.window
+            else [(stamp - stamp % WINDOW_MS, stamp - stamp % WINDOW_MS + WINDOW_MS)]
+        )
+        if d.window is None and d.deliver_at is not None:
+            windows.append((d.deliver_at - GRACE_MS - WINDOW_MS, d.deliver_at - GRACE_MS))
+        produced = obs.wall0_ms + int(e.at * 1000)
+        if stamp - produced > AHEAD_MS:
+            # Windowed by the clock of whichever gateway took it, between its production
+            # and its delivery: delivered plain (its due, or coalescing off), that window
+            # is not named; taken again after a crash, it comes out in a later window
+            # than the one its first take put it in, whose older versions it merged.
+            windows.append((produced - produced % WINDOW_MS, d.read_ms))
+        versions[e.entity] += [((stamp, *d.source), w) for w in windows]
+    merged = set()
+    for e in obs.entries:
+        if e.entity is None or e.message_id is None or e.topic is not None:
+            continue
+        ts = e.timestamp_ms or 0
+        ahead = ts - (obs.wall0_ms + int(e.at * 1000)) > AHEAD_MS
+        mine = (ts, e.partition, e.offset)
+        for newer, (start, end) in versions.get(e.entity, []):
+            if newer > mine and (ahead or start <= ts < end):
+                merged.add(e.message_id)
+                break
+    return merged
 
 
 def _twice(obs: Observations, ix: _Index) -> Iterator[Violation]:
@@ -285,7 +350,7 @@ def crash_events(obs: Observations) -> int:
     for run in obs.step_runs:
         if outlives_session(run.step, obs.config):
             events += 1
-        elif run.step.fault is Fault.BROKER_STOP:
+        elif run.step.fault in (Fault.BROKER_STOP, Fault.CONFIG_CHANGE):
             events += obs.config.gateways
     return events
 
@@ -329,6 +394,67 @@ def _commands(obs: Observations) -> Iterator[Violation]:
             f"t={first.at:.1f}s {step_context(obs.step_runs, first.at)} "
             f"({len(found)}x): {first.detail}",
         )
+
+
+def _hostile_commands(obs: Observations) -> Iterator[Violation]:
+    """Every command with hostile headers is skipped as invalid (a log line naming it)."""
+    skipped = {s.ref for s in obs.skipped_commands}
+    for ref in obs.hostile_commands:
+        if ref not in skipped:
+            yield Violation(
+                "command-hostile",
+                f"the command {ref} with a header name that is not UTF-8 or garbage header "
+                f"values was not logged as skipped",
+            )
+
+
+def _delays(obs: Observations, ix: _Index) -> Iterator[Violation]:
+    """Delay runs: no clean record before its due time or its window's close (`early`);
+    of each window that reached the clean topic, its newest version did (`window`: late
+    updates may send older ones on their own, before it)."""
+    for d in obs.deliveries:
+        e = ix.raw.get(d.source)
+        due = max(
+            e.due_ms if e is not None and e.due_ms is not None else 0,
+            d.deliver_at or 0,
+            d.window[1] + GRACE_MS if d.window is not None else 0,
+        )
+        if d.read_ms and d.read_ms < due:
+            yield Violation(
+                "early",
+                f"clean {d.clean[0]}/{d.clean[1]} (raw {d.source[0]}/{d.source[1]}, id "
+                f"{readable(d.message_id)!r}) read {due - d.read_ms} ms before it was due "
+                f"(asked {e.due_ms if e else None}, dedup-deliver-at {d.deliver_at}, "
+                f"window {d.window}) at t={d.at:.1f}s {ix.when(d.at)}",
+            )
+    by_entity: dict[bytes, list[RawEntry]] = defaultdict(list)
+    for e in obs.entries:
+        if e.entity is not None and e.topic is None and e.expect == "usable":
+            by_entity[e.entity].append(e)
+    windows: dict[tuple[bytes, tuple[int, int]], list[RawEntry]] = defaultdict(list)
+    for d in obs.deliveries:
+        e = ix.raw.get(d.source)
+        if d.window is not None and e is not None and e.entity is not None:
+            windows[(e.entity, d.window)].append(e)
+    for (entity, (start, end)), emitted in windows.items():
+        if any(not start <= (e.timestamp_ms or 0) < end for e in emitted):
+            continue  # stamped far ahead, windowed by the gateway's clock: not by stamps
+        inside = [o for o in by_entity[entity] if start <= (o.timestamp_ms or 0) < end]
+        if not inside:
+            continue  # a key of records whose treatment is open (`either`)
+        newest = max(inside, key=lambda o: (o.timestamp_ms or 0, o.partition, o.offset))
+        resolved = (newest.partition, newest.offset) in ix.forwarded or (
+            newest.message_id is not None and bool(ix.deliveries.get(newest.message_id))
+        )  # or a copy of its id claimed it first: then that copy is the version
+        if not resolved:
+            yield Violation(
+                "window",
+                f"window {start}/{end} of key {readable(entity)!r} reached the clean topic "
+                f"({len(emitted)}x, e.g. {emitted[0].where}), but not its newest version "
+                f"{newest.where} (stamped {newest.timestamp_ms}, id "
+                f"{readable(newest.message_id or b'')!r}): "
+                f"{ix.history(newest.message_id or b'')}",
+            )
 
 
 def _exits(obs: Observations) -> Iterator[Violation]:

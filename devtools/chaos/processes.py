@@ -14,7 +14,16 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from devtools.chaos.schedule import RunConfig
+from devtools.chaos.schedule import (
+    ENTITY_HEADER,
+    GRACE_MS,
+    MAX_DELAY_S,
+    TIERS,
+    TTL_AFTER_S,
+    TTL_BEFORE,
+    WINDOW_MS,
+    RunConfig,
+)
 from devtools.harness import Topics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -103,9 +112,38 @@ class GatewayProcess:
             out.write(f"=== chaos: g{self.index} did not stop; its stacks:\n".encode() + text)
 
 
-def gateway_toml(config: RunConfig, bootstrap: str, topics: Topics, redis: list[str]) -> str:
-    """The gateways' settings file (the product's public API, written out in full)."""
+def gateway_toml(
+    config: RunConfig, bootstrap: str, topics: Topics, redis: list[str], changed: bool = False
+) -> str:
+    """The gateways' settings file (the product's public API, written out in full).
+    Delay runs add [delay] and [coalesce]; `changed`: as the config change leaves them
+    (the largest tier removed, coalescing off, `[redis] ttl` lowered)."""
     nodes = ", ".join(f'"{url}"' for url in redis)
+    return _base_toml(config, bootstrap, topics, nodes, changed) + (
+        _delay_toml(changed) if config.delay else ""
+    )
+
+
+def _delay_toml(changed: bool) -> str:
+    tiers = ", ".join(f'"{t}"' for t in (TIERS[:-1] if changed else TIERS))
+    return f"""
+[delay]
+enabled = true
+tiers = [{tiers}]
+max_delay = "{MAX_DELAY_S}s"
+
+[coalesce]
+enabled = {"false" if changed else "true"}
+key = "header:{ENTITY_HEADER}"
+mode = "fixed"
+window = "{WINDOW_MS}ms"
+grace = "{GRACE_MS}ms"
+"""
+
+
+def _base_toml(config: RunConfig, bootstrap: str, topics: Topics, nodes: str, changed: bool) -> str:
+    ttl = f'ttl = "{TTL_AFTER_S}s"' if changed else f'ttl = "{TTL_BEFORE}"'
+    ttl = ttl if config.delay else ""
     return f"""\
 [kafka]
 bootstrap_servers = "{bootstrap}"
@@ -121,6 +159,7 @@ session_timeout = "{int(config.session_timeout_s * 1000)}ms"
 [redis]
 nodes = [{nodes}]
 timeout = "300ms"
+{ttl}
 
 [dedup]
 id = "{config.id_spec}"

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import io
+import random
 import re
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -36,8 +39,15 @@ from devtools.chaos.checker import (
     stats,
 )
 from devtools.chaos.processes import GatewayProcess, GroupOffsets, gateway_toml
-from devtools.chaos.schedule import GATEWAY_FAULTS, REDIS_FAULTS, Fault, Schedule, Step
-from devtools.chaos.standin import SparkStandIn
+from devtools.chaos.schedule import (
+    GATEWAY_FAULTS,
+    REDIS_FAULTS,
+    TTL_AFTER_S,
+    Fault,
+    Schedule,
+    Step,
+)
+from devtools.chaos.standin import SparkStandIn, fate
 from devtools.chaos.timeline import Clock, StepRun, step_context
 from devtools.chaos.traffic import Traffic
 from devtools.harness import Topics
@@ -55,6 +65,7 @@ from gateway.metrics import Metrics
 from gateway.ops.rebuild import rebuild
 from gateway.quorum.keys import EPOCH_TRUSTED
 from gateway.quorum.quorum import Quorum
+from gateway.rules.tiers import tier_topics
 
 PROGRESS_DEADLINE_S = 60.0  # before each fault, the group must commit something new
 # No progress for this long: the operator looks (the quorum-lost alert) and follows
@@ -65,6 +76,9 @@ STUCK_S = 60.0  # while settling: no offset, delivery or record moved this long 
 # member's session, 20 s in the retry schedule, plus a rebalance the broker holds back)
 QUIET_S = 5.0  # settled but ids unresolved, and nothing came for this long: give up
 MAX_RESTARTS = 10  # of gateways that exited unexpectedly, per run
+TIER_PARTITIONS = 3  # delay runs: partitions of each tier topic
+OLD_COPIES = 40  # delay runs: copies of ids claimed before the ttl was lowered, sent after it
+ROLLING_READY_S = 60.0  # the config change waits this long for the restarted gateways
 
 
 @dataclass
@@ -147,6 +161,14 @@ class Run:
         self.gateways: list[GatewayProcess] = []
         seed = self.config.seed
         self.topics = Topics(lambda base: f"chaos-{seed}-{base}")
+        # Delay runs: the settings file in force, the tier topics of the first one, the
+        # gateways being restarted by the config change (not exits), and when it came
+        # with the raw offsets committed then.
+        self.toml = workdir / "gateway.toml"
+        self.tiers: list[str] = []
+        self.restarting: set[int] = set()
+        self.change: tuple[float, dict[int, int] | None] | None = None
+        self.urls: list[str] = []
 
     def event(self, text: str) -> None:
         line = f"t={self.clock.now():6.1f}s {text}"
@@ -185,6 +207,13 @@ class Run:
                 redis_cluster, self.workdir, "redis-0", 3, "redis-server", 1
             )
         bootstrap = f"127.0.0.1:{self.broker.port}"
+        toml = self.toml
+        urls = [f"redis://127.0.0.1:{r.port}/0" for r in self.redis]
+        if self.cluster is not None:
+            urls[0] = self.cluster.url
+        self.urls = urls
+        toml.write_text(gateway_toml(config, bootstrap, topics, urls))
+        self.tiers = tier_topics(load_settings(toml)) if config.delay else []
         await create_topics(
             bootstrap,
             {
@@ -193,13 +222,9 @@ class Run:
                 topics.failures: 2,
                 topics.quarantine: 1,
                 topics.dead: 1,
+                **dict.fromkeys(self.tiers, TIER_PARTITIONS),
             },
         )
-        toml = self.workdir / "gateway.toml"
-        urls = [f"redis://127.0.0.1:{r.port}/0" for r in self.redis]
-        if self.cluster is not None:
-            urls[0] = self.cluster.url
-        toml.write_text(gateway_toml(config, bootstrap, topics, urls))
         self.gateways = [
             GatewayProcess(i, toml, self.workdir / f"g{i}.log") for i in range(config.gateways)
         ]
@@ -228,7 +253,8 @@ class Run:
             await self._faults(traffic, standin, offsets, tasks, toml)
             for task in list(self.restorations.values()):
                 await task
-            await self._runbook(toml)
+            await self._runbook(self.toml)
+            await self._old_copies(traffic)
             stop_traffic.set()
             await tasks[0]
             self.event(f"traffic stopped after {len(traffic.entries)} raw records; settling")
@@ -264,6 +290,9 @@ class Run:
             sent_commands=standin.sent,
             command_chaos=dict(standin.commands),
             problems=self.problems + [Violation(rule, text) for rule, text in standin.problems],
+            raw_topic=topics.raw,
+            hostile_commands=standin.hostile,
+            wall0_ms=int(self.clock.wall0 * 1000),
         )
 
     def _check_tasks(self, tasks: list[asyncio.Task[None]]) -> None:
@@ -286,6 +315,8 @@ class Run:
             if await self._progress_since(seen, offsets, tasks, step, toml) is None:
                 return
             await asyncio.sleep(step.pause_s)  # the schedule's own pause
+            if step.fault is Fault.CONFIG_CHANGE:
+                self.change = (self.clock.now(), await offsets.raw_committed())
             await self._inject(step, traffic, standin)
             committed = await offsets.raw_committed()  # None while the broker is stopped
             if committed is not None:
@@ -354,9 +385,145 @@ class Run:
         elif fault is Fault.HOSTILE_BURST:
             await traffic.burst(step.size)
             run.ended = self.clock.now()
+        elif fault is Fault.HOSTILE_TIERS:
+            await traffic.tier_burst(step.size, self.tiers, TIER_PARTITIONS)
+            run.ended = self.clock.now()
+        elif fault is Fault.HOSTILE_COMMANDS:
+            await standin.hostile_commands(step.size)
+            run.ended = self.clock.now()
+        elif fault is Fault.CONFIG_CHANGE:
+            await self._change_config(step)
+            run.ended = self.clock.now()
+        elif fault is Fault.MEMBER_HANDOVER:
+            await self._handover(step)
+            run.ended = self.clock.now()
         else:
             await standin.garbage(step.size)
             run.ended = self.clock.now()
+
+    async def _change_config(self, step: Step) -> None:
+        """Restart with the changed settings (docs/operations.md, "Changing the
+        configuration safely"): every gateway SIGTERMed, waited for, started again."""
+        for gateway in self.gateways:
+            await self._wait_restored(f"g{gateway.index}")
+        changed = self.workdir / "gateway-changed.toml"
+        bootstrap = f"127.0.0.1:{self.broker.port}"
+        changed.write_text(gateway_toml(self.config, bootstrap, self.topics, self.urls, True))
+        self.toml = changed
+        # All at once: stopped side by side, then started. A rolling restart (each one
+        # stopped once the one before had its partitions) left the broker holding every
+        # group's join for minutes in four runs of fourteen (docs/development.md).
+        self.restarting.update(g.index for g in self.gateways)
+        for gateway in self.gateways:
+            gateway.resume()
+            gateway.signal(signal.SIGTERM)
+        codes = await asyncio.gather(
+            *(asyncio.to_thread(g.wait_exit, STOP_DEADLINE_S) for g in self.gateways)
+        )
+        for gateway, code in zip(self.gateways, codes, strict=True):
+            if code != 0:
+                self.problems.append(Violation(
+                    "exit", f"g{gateway.index} answered the SIGTERM of [{step}] with exit code "
+                    f"{code} (None: still running after {STOP_DEADLINE_S:.0f}s, killed)",
+                ))  # fmt: skip
+            gateway.config = changed
+            gateway.start(f"{step}: restarted with {changed.name}")
+        self.restarting.clear()
+        ready = await asyncio.gather(*(self._assigned(g, ROLLING_READY_S) for g in self.gateways))
+        self.event(
+            f"gateways restarted with {changed.name} (stop: exit codes {list(codes)}); raw "
+            f"partitions assigned within {ROLLING_READY_S:.0f}s: {ready}"
+        )
+
+    async def _assigned(self, gateway: GatewayProcess, timeout_s: float) -> bool:
+        """Whether the gateway's current incarnation logged a raw partition assignment
+        within `timeout_s` (its readiness)."""
+        deadline = self.clock.now() + timeout_s
+        while self.clock.now() < deadline:
+            text = gateway.log.read_text(errors="replace") if gateway.log.exists() else ""
+            current = text.rsplit("=== chaos:", 1)[-1]
+            if "INFO gateway.kafka.offsets partitions assigned" in current:
+                return True
+            await asyncio.sleep(0.25)
+        return False
+
+    async def _handover(self, step: Step) -> None:
+        """Two members one after the other, within the guarantees: every member counted
+        first; member `target` hung while a gateway is SIGKILLed and restarted (it
+        leaves a note that the member is behind), resumed and repaired (the runbook);
+        only then member `second` restarted empty, and repaired too."""
+        first, second = step.target, step.second
+        gateway = self.gateways[step.size % len(self.gateways)]
+        for name in (f"redis-{first}", f"redis-{second}", f"g{gateway.index}"):
+            await self._wait_restored(name)
+        await self._repair(range(3), f"before step {step.index}")
+        hung = self._redis_process(step)
+        hung.pause()
+        self.event(f"redis-{first} hung")
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(gateway.kill)
+        self.event(f"g{gateway.index} killed")
+        await asyncio.sleep(step.hold_s)
+        await asyncio.to_thread(gateway.start, str(step))
+        await asyncio.sleep(1.0)
+        hung.resume()
+        self.event(f"redis-{first} resumed")
+        await self._repair([first], f"step {step.index}")
+        await asyncio.sleep(3.0)  # every gateway's next epoch read ([redis] ping_interval)
+        emptied = self._redis_process(dataclasses.replace(step, target=second))
+        await asyncio.to_thread(emptied.kill)
+        await asyncio.to_thread(emptied.start)
+        self.event(f"redis-{second} restarted empty")
+        await asyncio.sleep(3.0)
+        await self._repair([second], f"step {step.index}")
+
+    async def _repair(self, members: Iterable[int], why: str) -> None:
+        """The runbook for members up but not counted (restarted empty, or noted behind
+        by a gateway run that stopped): `dedup-gateway rebuild` each (docs/operations.md)."""
+        settings = load_settings(self.toml)
+        wanted = list(members)
+        deadline = self.clock.now() + 30
+        while True:
+            quorum = Quorum(settings.redis, Metrics())
+            try:
+                await quorum.refresh_epochs()
+                found = [quorum.members[i] for i in wanted]
+                state = [(m.name, m.up, m.trusted) for m in found]
+            finally:
+                await quorum.close()
+            if all(up for _, up, _ in state) or self.clock.now() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        for name, up, trusted in state:
+            if up and not trusted:
+                with contextlib.redirect_stdout(None), contextlib.redirect_stderr(io.StringIO()):
+                    code = await rebuild(settings, name, source=None, dry_run=False, output="json")
+                self.event(f"runbook ({why}): `dedup-gateway rebuild {name}` exited {code}")
+            elif not up:
+                self.event(f"runbook ({why}): {name} does not answer")
+
+    async def _old_copies(self, traffic: Traffic) -> None:
+        """Delay runs: once the lowered ttl has passed since the config change, copies
+        of ids claimed before it (committed then, under the old ttl): duplicates still."""
+        if self.change is None:
+            return
+        at, committed = self.change
+        if committed is None:
+            return
+        config = self.config
+        ids = list(dict.fromkeys(
+            e.message_id for e in traffic.entries
+            if e.topic is None and e.expect == "usable" and e.message_id is not None
+            and e.kind.split("-")[0] in ("new", "delayed") and e.offset < committed[e.partition]
+            and fate(config.seed, e.message_id, config) == "ok"
+        ))  # fmt: skip
+        chosen = random.Random(f"{config.seed}:old").sample(ids, min(OLD_COPIES, len(ids)))
+        wait = at + TTL_AFTER_S + 5 - self.clock.now()
+        if wait > 0:
+            self.event(f"old copies wait {wait:.0f}s for the lowered ttl to pass")
+            await asyncio.sleep(wait)  # the ttl's length: part of what is tested
+        await traffic.old_copies(chosen)
+        self.event(f"sent {len(chosen)} copies of ids claimed before the ttl was lowered")
 
     async def _wait_restored(self, name: str) -> None:
         task = self.restorations.pop(name, None)
@@ -383,7 +550,7 @@ class Run:
             for gateway in self.gateways:
                 code = gateway.exited()
                 name = f"g{gateway.index}"
-                if code is None or code == -signal.SIGKILL:
+                if code is None or code == -signal.SIGKILL or gateway.index in self.restarting:
                     continue  # running, or killed by the schedule (restarted by it too)
                 after = step_context(self.step_runs, self.clock.now())
                 self.unexpected_exits.append(
@@ -479,7 +646,9 @@ class Run:
                 f"{standin.command_ends}, consumer caught up: {standin.caught_up}, "
                 f"unresolved ids: {open_ids}"
             )
-            if raw_done and cmds_done and standin.caught_up:
+            # Delay runs: the last delayed or windowed record may still wait in a tier.
+            released = time.time() * 1000 > traffic.last_release_ms + 2000
+            if raw_done and cmds_done and standin.caught_up and released:
                 if open_ids == 0:
                     self.event(f"settled: {state}")
                     return
@@ -549,7 +718,7 @@ class Run:
             for line in gateway.log.read_text(errors="replace").splitlines():
                 if not (match := _SKIPPED.match(line)):
                     continue
-                stamp, ref, detail = match[1], match[2], match[3]
+                stamp, ref, detail = match[1], match[2], match[4]
                 if ref is None:  # "skipped: <ref>: <detail>", from the retry itself
                     ref, _, detail = detail.partition(": ")
                 wall = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -614,7 +783,8 @@ def _target_name(step: Step) -> str | None:
 
 
 _SKIPPED = re.compile(
-    r"^(\S+ \S+) WARNING gateway\.failures invalid failure command(?: at (\S+))? skipped: (.*)$"
+    r"^(\S+ \S+) WARNING gateway\.failures(?:\.loop)? invalid failure command"
+    r"(?: at (\S+))? skipped(?: \((\w+)\))?: (.*)$"
 )
 _ERROR_LINE = re.compile(r"^[\s|]*((?!ExceptionGroup)[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*)$")
 

@@ -37,6 +37,13 @@ class Fault(enum.StrEnum):
     BROKER_STOP = "broker-stop"  # SIGSTOP the broker past the raw-fetch deadline
     HOSTILE_BURST = "hostile-burst"  # `size` hostile raw records at once
     GARBAGE_COMMANDS = "garbage-commands"  # `size` malformed or forged failure commands
+    # Delay runs only (`RunConfig.delay`), so the schedules of other seeds stay as they were:
+    HOSTILE_TIERS = "hostile-tiers"  # `size` records no gateway wrote, on the delay tier topics
+    HOSTILE_COMMANDS = "hostile-commands"  # `size` commands with header names not UTF-8
+    CONFIG_CHANGE = "config-change"  # rolling restart: a tier removed, coalescing off, ttl lowered
+    # Member `target` hung while gateway `size` % gateways is SIGKILLed and restarted, then
+    # repaired (runbook); then member `second` restarted empty and repaired.
+    MEMBER_HANDOVER = "member-handover"
 
 
 WEIGHTS = {
@@ -48,7 +55,14 @@ WEIGHTS = {
     Fault.BROKER_STOP: 1,
     Fault.HOSTILE_BURST: 2,
     Fault.GARBAGE_COMMANDS: 2,
+    Fault.HOSTILE_TIERS: 2,
+    Fault.HOSTILE_COMMANDS: 1,
+    Fault.CONFIG_CHANGE: 0,  # once per run
+    Fault.MEMBER_HANDOVER: 0,  # once per run
 }
+DELAY_FAULTS = (
+    Fault.HOSTILE_TIERS, Fault.HOSTILE_COMMANDS, Fault.CONFIG_CHANGE, Fault.MEMBER_HANDOVER,
+)  # fmt: skip
 GATEWAY_FAULTS = (Fault.GATEWAY_KILL, Fault.GATEWAY_STOP)
 REDIS_FAULTS = (Fault.REDIS_KILL, Fault.REDIS_STOP, Fault.REDIS_RESTART_EMPTY)
 
@@ -77,7 +91,30 @@ JSON_HOSTILE = (
     "non-utf8-header-name",
     "oversize-record",
 )
-KINDS = frozenset([*Fault, *HEADER_HOSTILE, *JSON_HOSTILE])  # what `exclude` may name
+# Raw records whose delay or coalescing headers are bad (delay runs, either id syntax).
+DELAY_HOSTILE = (
+    "bad-deliver-at",
+    "bad-deliver-after",
+    "conflicting-delay",
+    "delay-too-long",
+    "no-coalesce-key",
+)
+# What delay runs configure (`processes.gateway_toml`), and what their config change leaves.
+TIERS = ("1s", "4s", "16s")  # the change removes the last one: its records are drained
+MAX_DELAY_S = 30  # delays asked for: up to 25 s, so some wait in the 16s tier
+TTL_BEFORE = "1h"
+# Lowered by the change (at least max_delay). A mark must outlive the longest way from
+# its claim to its last failure command in a schedule (a broker stop, a gateway stop
+# past its session, a rebalance: about a minute); with 40 s, retries were lost when
+# their commands came after the mark expired (documented: an id lives `ttl`).
+TTL_AFTER_S = 75
+WINDOW_MS = 2000  # fixed coalescing windows
+GRACE_MS = 1000
+ENTITY_HEADER = "entity-id"  # the coalescing key
+ENTITIES = 150  # coalescing keys of the new records: a few versions per key and window
+DELAY_SHARE = 0.4  # of the seeds, unless forced
+# What `exclude` may name.
+KINDS = frozenset([*Fault, *HEADER_HOSTILE, *JSON_HOSTILE, *DELAY_HOSTILE])
 
 
 @dataclass(frozen=True)
@@ -88,7 +125,8 @@ class Step:
     fault: Fault
     target: int = -1  # gateway or Redis member index
     hold_s: float = 0.0  # how long the fault lasts (stop, or down before a restart)
-    size: int = 0  # records or commands, for the bursts
+    size: int = 0  # records or commands, for the bursts (member-handover: its gateway)
+    second: int = -1  # member-handover: the member faulted after `target` is repaired
     pause_s: float = 0.0
 
     def __str__(self) -> str:
@@ -98,6 +136,13 @@ class Step:
             what = f"redis-{self.target}" + (f" for {self.hold_s:.1f}s" if self.hold_s else "")
         elif self.fault is Fault.BROKER_STOP:
             what = f"for {self.hold_s:.1f}s"
+        elif self.fault is Fault.MEMBER_HANDOVER:
+            what = (
+                f"redis-{self.target} hung {self.hold_s:.1f}s across a kill of "
+                f"g{self.size}, repaired, then redis-{self.second} restarted empty"
+            )
+        elif self.fault is Fault.CONFIG_CHANGE:
+            what = f"(tier {TIERS[-1]} removed, coalescing off, ttl {TTL_AFTER_S}s)"
         else:
             what = f"x{self.size}"
         return f"step {self.index}: {self.fault} {what} (after {self.pause_s:.1f}s)"
@@ -129,6 +174,11 @@ class RunConfig:
     command_reorder_share: float = 0.1
     excluded: frozenset[str] = frozenset()  # fault and hostile-record kinds left out
     cluster: bool = False  # member 0 is a Redis Cluster (3 masters, a replica each)
+    # [delay] tiers and [coalesce] windows on, producer clocks skewed by hours, hostile
+    # records on the tiers and the failure topic, a config change, a member handover.
+    delay: bool = False
+    delayed_share: float = 0.15  # of the new records: deliver-at or deliver-after
+    skew_share: float = 0.02  # of the new records: a timestamp hours off
 
     @property
     def json_ids(self) -> bool:
@@ -149,7 +199,8 @@ class Schedule:
             f"gateways={c.gateways} session={c.session_timeout_s:g}s redis=3 (faults on {where}"
             + (", redis-0 a 3-master cluster with replicas" if c.cluster else "")
             + ") "
-            f"max_batch_records={c.max_batch_records} max_attempts={c.max_attempts} "
+            + (f"delay=tiers {','.join(TIERS)} coalesce=fixed {WINDOW_MS}ms " if c.delay else "")
+            + f"max_batch_records={c.max_batch_records} max_attempts={c.max_attempts} "
             f"rate={c.rate}/s"
             + (f" excluded={','.join(sorted(c.excluded))}" if c.excluded else ""),
         ]
@@ -163,6 +214,7 @@ class Schedule:
             f"python -m devtools.chaos --seed {c.seed} --schedules 1 "
             f"--schedule-seconds {self.duration_s:g} --profile {c.profile} --mode {c.mode} "
             f"--session {c.session_timeout_s:g} --cluster {'yes' if c.cluster else 'no'}"
+            f" --delay {'yes' if c.delay else 'no'}"
             + (f" --exclude {','.join(sorted(c.excluded))}" if c.excluded else "")
         )
 
@@ -175,12 +227,14 @@ def make_schedule(
     exclude: Iterable[str] = (),
     session_timeout_s: float | None = None,
     cluster: bool | None = None,
+    delay: bool | None = None,
 ) -> Schedule:
     """The run configuration and faults for `seed`.
 
-    `mode`, `session_timeout_s` and `cluster` force those choices (else the seed
-    makes them); `exclude` leaves out fault classes and hostile record kinds by
-    name (see `KINDS`), e.g. to confirm the rest passes while one is being fixed.
+    `mode`, `session_timeout_s`, `cluster` and `delay` force those choices (else the
+    seed makes them; `cluster` and `delay` by draws of their own); `exclude` leaves out
+    fault classes and hostile record kinds by name (see `KINDS`), e.g. to confirm the
+    rest passes while one is being fixed.
     """
     excluded = frozenset(exclude)
     if unknown := excluded - KINDS:
@@ -191,6 +245,8 @@ def make_schedule(
     # Its own draw: the seeds' schedules stay what they were before clusters.
     if cluster is None:
         cluster = random.Random(f"{seed}:cluster").random() < CLUSTER_SHARE
+    if delay is None:
+        delay = random.Random(f"{seed}:delay").random() < DELAY_SHARE
     gateways = rng.choice((2, 3))
     fragile = rng.randrange(3)  # drawn in every run, so the draws after it stay the same
     config = RunConfig(
@@ -204,10 +260,14 @@ def make_schedule(
         or (LONG_SESSION_S if draws[2] < 0.25 else SHORT_SESSION_S),
         excluded=excluded,
         cluster=cluster,
+        delay=delay,
     )
-    kinds = [f for f in Fault if f not in excluded]
+    kinds = [f for f in Fault if f not in excluded and (delay or f not in DELAY_FAULTS)]
     first = kinds[:]
     rng.shuffle(first)
+    if Fault.CONFIG_CHANGE in first:  # early: old copies must outlive the new ttl after it
+        first.remove(Fault.CONFIG_CHANGE)
+        first.insert(max(0, len(first) - 2), Fault.CONFIG_CHANGE)
     broker_stops_max = 1 + int(duration_s // 120)
     steps: list[Step] = []
     spent = 0.0
@@ -246,6 +306,12 @@ def _make_step(rng: random.Random, index: int, fault: Fault, config: RunConfig) 
     if fault is Fault.BROKER_STOP:
         hold = rng.uniform(RAW_FETCH_DEADLINE_S + 1, RAW_FETCH_DEADLINE_S + 3)
         return Step(index, fault, hold_s=round(hold, 2), pause_s=pause)
+    if fault is Fault.CONFIG_CHANGE:
+        return Step(index, fault, pause_s=pause)
+    if fault is Fault.MEMBER_HANDOVER:
+        second = (member + 1 + rng.randrange(2)) % 3
+        gateway, hold = rng.randrange(config.gateways), round(rng.uniform(1.5, 3.0), 2)
+        return Step(index, fault, member, hold, size=gateway, pause_s=pause, second=second)
     return Step(index, fault, size=rng.randint(3, 12), pause_s=pause)
 
 
@@ -257,11 +323,13 @@ def _cost_s(step: Step, config: RunConfig) -> float:
         return step.hold_s + config.session_timeout_s + 3
     if step.fault is Fault.GATEWAY_STOP:
         return step.hold_s + 1
+    if step.fault in (Fault.CONFIG_CHANGE, Fault.MEMBER_HANDOVER):
+        return step.hold_s + 3 * config.gateways + 5
     return 1 + step.hold_s / 2
 
 
 def outlives_session(step: Step, config: RunConfig) -> bool:
     """A fault after which the group moves partitions (so the crash window applies)."""
-    if step.fault is Fault.GATEWAY_KILL:
+    if step.fault in (Fault.GATEWAY_KILL, Fault.MEMBER_HANDOVER):
         return True
     return step.fault is Fault.GATEWAY_STOP and step.hold_s >= config.session_timeout_s

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,12 +26,22 @@ from hashlib import blake2b
 from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from devtools.chaos.schedule import RunConfig
 from devtools.chaos.timeline import Clock
-from devtools.chaos.traffic import MAX_REQUEST_BYTES, digest_of
+from devtools.chaos.traffic import MAX_REQUEST_BYTES, RawHeaderName, digest_of
 from devtools.harness import Topics
-from gateway.contract.records import H_ATTEMPT, H_ID, H_REASONS, H_SOURCE, H_TOKEN, parse_source_ref
+from gateway.contract.records import (
+    H_ATTEMPT,
+    H_DELIVER_AT,
+    H_ID,
+    H_REASONS,
+    H_SOURCE,
+    H_TOKEN,
+    H_WINDOW,
+    parse_source_ref,
+)
 
 Outcome = Literal["ok", "failed", "repeat"]
 Fate = Literal["ok", "once", "always"]
@@ -48,6 +59,9 @@ class Delivery:
     outcome: Outcome
     at: float
     value_digest: bytes | None
+    read_ms: int = 0  # wall clock when read: never before the record was written
+    deliver_at: int | None = None  # its dedup-deliver-at
+    window: tuple[int, int] | None = None  # its dedup-window: start, end (epoch ms)
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,7 @@ class SparkStandIn:
         self.commands: Counter[str] = Counter()
         self.command_ends: dict[int, int] = {}
         self.sent: dict[str, bytes] = {}  # failure-topic ref -> id, of the commands a job sends
+        self.hostile: list[str] = []  # failure-topic refs of commands with hostile headers
         self.problems: list[tuple[str, str]] = []  # (rule, message) found while reading
         self.caught_up = False
         self.last_activity = 0.0
@@ -230,6 +245,12 @@ class SparkStandIn:
         except (KeyError, ValueError) as exc:
             self.problems.append(("contract", f"{where}: unusable dedup headers ({exc})"))
             return []
+        deliver_at, window = None, None
+        with contextlib.suppress(KeyError, ValueError):
+            deliver_at = int(headers[H_DELIVER_AT])
+        with contextlib.suppress(KeyError, ValueError):
+            start, end = headers[H_WINDOW].split(b"/")
+            window = (int(start), int(end))
         outcome: Outcome
         commands: list[tuple[bytes, bytes]] = []
         if token in self.tokens:
@@ -261,6 +282,9 @@ class SparkStandIn:
                 outcome,
                 self.clock.now(),
                 digest_of(rec.value),
+                int(time.time() * 1000),
+                deliver_at,
+                window,
             )
         )
         return commands
@@ -328,6 +352,28 @@ class SparkStandIn:
             out.append((b"garbage", rng.choice(choices)))
         self.commands["garbage"] += len(out)
         await self._send(out, garbage=True)
+
+    async def hostile_commands(self, size: int) -> None:
+        """`size` garbage commands with a header name that is not UTF-8 (each in a batch
+        of its own) or header values that are garbage: each skipped as invalid."""
+        for n in range(size):
+            named = n % 2 == 0
+            name = RawHeaderName(b"\xff\xfe-name") if named else "dedup-id"
+            headers = [(name, b"\xff\x00"), ("dedup-source", b"\xc3(/x/-1")]
+            batch = self.producer.create_batch()
+            if named:  # the C builder refuses such names (see traffic._ship)
+                batch._builder = _DefaultRecordBatchBuilderPy(2, 0, 0, -1, -1, 0, MAX_REQUEST_BYTES)
+            body = b'{"id": "x", "token": "' + str(self.rng.randrange(10**17)).encode() + b'"}'
+            batch.append(key=b"hostile", value=body, timestamp=None, headers=headers)
+            partition = self.rng.randrange(2)
+            meta = await (
+                await self.producer.send_batch(batch, self.topics.failures, partition=partition)
+            )
+            end = max(self.command_ends.get(meta.partition, 0), meta.offset + 1)
+            self.command_ends[meta.partition] = end
+            self.hostile.append(f"{self.topics.failures}/{meta.partition}/{meta.offset}")
+        self.commands["hostile"] += size
+        self.last_activity = self.clock.now()
 
     async def _send(self, commands: list[tuple[bytes, bytes]], garbage: bool = False) -> None:
         futures = [

@@ -1,6 +1,7 @@
 """The raw traffic of a chaos run, and the ledger of what the broker acknowledged.
 
-`RecordMaker` is the seeded traffic (pure): new ids, copies of earlier ids on
+`RecordMaker` is the seeded traffic (pure but for the clock that delay runs
+stamp records and due times with: `now_ms`): new ids, copies of earlier ids on
 any partition (producer resends), and a share of hostile records, each with
 what a correct gateway does with it (`expect`): forward its id (`usable`),
 quarantine it with a reason code (`quarantine`), or either of the two where the
@@ -17,16 +18,27 @@ import asyncio
 import contextlib
 import json
 import random
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from hashlib import blake2b
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
-from devtools.chaos.schedule import HEADER_HOSTILE, JSON_HOSTILE, RunConfig
+from devtools.chaos.schedule import (
+    DELAY_HOSTILE,
+    ENTITIES,
+    ENTITY_HEADER,
+    GRACE_MS,
+    HEADER_HOSTILE,
+    JSON_HOSTILE,
+    MAX_DELAY_S,
+    WINDOW_MS,
+    RunConfig,
+)
 from devtools.chaos.timeline import Clock
 
 BIG_VALUE = 1_048_576  # a raw value of the broker's default request limit
@@ -37,13 +49,13 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024  # of the test's own clients: hostile record
 Expect = Literal["usable", "quarantine", "either"]
 
 
-class _RawHeaderName(str):
+class RawHeaderName(str):
     """A header name whose wire bytes are not UTF-8 (aiokafka's pure-Python batch
     builder writes `name.encode("utf-8")`, which this returns as given)."""
 
     raw: bytes
 
-    def __new__(cls, raw: bytes) -> _RawHeaderName:
+    def __new__(cls, raw: bytes) -> RawHeaderName:
         name = super().__new__(cls, raw.decode("latin-1"))
         name.raw = raw
         return name
@@ -65,6 +77,14 @@ class Planned:
     message_id: bytes | None  # the id a gateway must extract, when known
     reason: str | None = None  # the quarantine reason code, when expect = quarantine
     raw_header_name: bool = False  # needs the pure-Python batch builder
+    # Delay runs: the producer's timestamp (else the producer's clock), the due time
+    # asked for, the coalescing key, when it may reach the clean topic at the latest
+    # due or window close (epoch ms), and the topic when it is not the raw topic.
+    timestamp_ms: int | None = None
+    due_ms: int | None = None
+    entity: bytes | None = None
+    release_ms: int = 0
+    topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,9 +99,15 @@ class RawEntry:
     reason: str | None
     at: float
     value_digest: bytes | None
+    topic: str | None = None  # None: the raw topic; else a delay tier's (hostile records)
+    timestamp_ms: int | None = None  # as produced, when the harness set it (delay runs)
+    due_ms: int | None = None  # asked for with deliver-at / deliver-after
+    entity: bytes | None = None  # the coalescing key
 
     @property
     def where(self) -> str:
+        if self.topic is not None:
+            return f"tier {self.topic}/{self.partition}/{self.offset}"
         return f"raw {self.partition}/{self.offset}"
 
 
@@ -94,13 +120,16 @@ class RecordMaker:
     """The seeded raw traffic: new ids, copies of earlier ids on any partition, and
     a share of hostile records."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, now_ms: Callable[[], int] | None = None) -> None:
         self.config = config
         self.rng = random.Random(f"{config.seed}:traffic")
         self.n = 0
         self.issued: list[bytes] = []
-        kinds = JSON_HOSTILE if config.json_ids else HEADER_HOSTILE
+        kinds: tuple[str, ...] = JSON_HOSTILE if config.json_ids else HEADER_HOSTILE
+        if config.delay:
+            kinds += DELAY_HOSTILE
         self.hostile_kinds = [k for k in kinds if k not in config.excluded]
+        self.now_ms = now_ms or (lambda: int(time.time() * 1000))
 
     def next(self) -> Planned:
         rng = self.rng
@@ -108,7 +137,9 @@ class RecordMaker:
         if self.hostile_kinds and roll < self.config.hostile_share:
             return self.hostile(rng.choice(self.hostile_kinds))
         if self.issued and roll < self.config.hostile_share + self.config.duplicate_share:
-            return self._good("copy", rng.choice(self.issued[-5000:]))
+            # Delay runs lower the ttl to 75 s: copies stay well inside it.
+            recent = self.issued[-1500:] if self.config.delay else self.issued[-5000:]
+            return self._good("copy", rng.choice(recent))
         return self._good("new", self._new_id())
 
     def resend(self, message_id: bytes) -> Planned:
@@ -136,21 +167,123 @@ class RecordMaker:
         }
         return json.dumps({"order": order}).encode()
 
+    def old_copy(self, message_id: bytes) -> Planned:
+        """A copy of `message_id` sent after the ttl was lowered, its mark claimed before."""
+        return self._good("old-copy", message_id, remember=False)
+
     def _good(self, kind: str, message_id: bytes, remember: bool = True) -> Planned:
         if remember and kind == "new":
             self.issued.append(message_id)
         if self.config.json_ids:
             value = self._order(message_id.decode())
-            return Planned(kind, self._partition(), self._key(), value, [], "usable", message_id)
-        value = self._order(message_id.decode("utf-8", "backslashreplace"))
-        headers = [("message-id", message_id)]
-        return Planned(kind, self._partition(), self._key(), value, headers, "usable", message_id)
+            rec = Planned(kind, self._partition(), self._key(), value, [], "usable", message_id)
+        else:
+            value = self._order(message_id.decode("utf-8", "backslashreplace"))
+            headers = [("message-id", message_id)]
+            rec = Planned(
+                kind, self._partition(), self._key(), value, headers, "usable", message_id
+            )
+        if not self.config.delay:
+            return rec
+        # New records share a few keys (their versions merge); the copies of an id have a
+        # key of their own, so whichever copy claims the id, the others name no version.
+        if kind == "new":
+            entity = f"e-{self.rng.randrange(ENTITIES)}".encode()
+        else:
+            entity = f"{kind[0]}-".encode() + message_id
+        return self._in_delay_run(rec, entity, new=kind == "new")
+
+    def _in_delay_run(self, rec: Planned, entity: bytes | None, new: bool) -> Planned:
+        """Delay runs: the coalescing key, and for a share of new records a producer
+        clock hours off and a delay asked for; what the gateway must do with it."""
+        rng, config = self.rng, self.config
+        now = self.now_ms()
+        headers = list(rec.headers) + ([(ENTITY_HEADER, entity)] if entity is not None else [])
+        skew = 0
+        if new and rng.random() < config.skew_share:
+            skew = rng.choice((-1, 1)) * rng.randrange(3_600_000, 5 * 3_600_000)
+        ts, due = now + skew, None
+        expect, reason, message_id, kind = rec.expect, rec.reason, rec.message_id, rec.kind
+        if new and rng.random() < config.delayed_share:
+            wait = rng.randrange(500, 25_000)
+            if rng.random() < 0.5:
+                due = now + wait
+                headers.append(("deliver-at", str(due).encode()))
+            else:
+                due = ts + wait
+                headers.append(("deliver-after", f"{wait}ms".encode()))
+            kind = "delayed"
+            if due - ts > MAX_DELAY_S * 1000 or due - now > MAX_DELAY_S * 1000:
+                expect, reason, message_id = "quarantine", "delay_too_long", None
+        if skew:
+            kind = f"{kind}-skewed"
+        # A window whose close could be further than max_delay away is the gateway's now.
+        if skew > MAX_DELAY_S * 1000 - WINDOW_MS - GRACE_MS:
+            close = now + WINDOW_MS + GRACE_MS
+        else:
+            close = ts - ts % WINDOW_MS + WINDOW_MS + GRACE_MS
+        return replace(
+            rec, kind=kind, headers=headers, expect=expect, reason=reason,
+            message_id=message_id, timestamp_ms=ts, due_ms=due, entity=entity,
+            release_ms=0 if expect == "quarantine" else max(close, due or 0),
+        )  # fmt: skip
 
     def hostile(self, kind: str) -> Planned:
-        """One hostile record of `kind` (see HEADER_HOSTILE / JSON_HOSTILE)."""
-        if self.config.json_ids:
-            return self._hostile_json(kind)
-        return self._hostile_header(kind)
+        """One hostile record of `kind` (see HEADER_HOSTILE / JSON_HOSTILE / DELAY_HOSTILE)."""
+        if kind in DELAY_HOSTILE:
+            return self._hostile_delay(kind)
+        rec = self._hostile_json(kind) if self.config.json_ids else self._hostile_header(kind)
+        if not self.config.delay:
+            return rec
+        self.n += 1
+        return self._in_delay_run(rec, f"h-{self.n}".encode(), new=False)
+
+    def _hostile_delay(self, kind: str) -> Planned:
+        """A record with a usable id whose delay or coalescing headers are bad."""
+        message_id = self._new_id()
+        rec = self._good(kind, message_id, remember=False)
+        headers, reason = list(rec.headers), None
+        if kind == "bad-deliver-at":
+            headers, reason = [*headers, ("deliver-at", b"\xff\xfe-soon")], "bad_deliver_at"
+        elif kind == "bad-deliver-after":
+            headers, reason = [*headers, ("deliver-after", b"soon\xc3")], "bad_deliver_after"
+        elif kind == "conflicting-delay":
+            due = str(self.now_ms() + 1000).encode()
+            headers, reason = (
+                [*headers, ("deliver-at", due), ("deliver-after", b"1s")],
+                ("conflicting_delay"),
+            )
+        elif kind == "delay-too-long":
+            headers, reason = [*headers, ("deliver-after", b"2h")], "delay_too_long"
+        elif kind == "no-coalesce-key":
+            # Quarantined while coalescing is on, forwarded once the change switched it off.
+            headers = [(k, v) for k, v in headers if k != ENTITY_HEADER]
+            return replace(rec, headers=headers, expect="either", entity=None)
+        else:
+            raise ValueError(f"unknown hostile record kind {kind!r}")
+        return replace(rec, headers=headers, expect="quarantine", reason=reason, message_id=None)
+
+    def tier_hostile(self, topic: str, partitions: int) -> Planned:
+        """A record on a delay tier that no gateway wrote: quarantined (`bad_tier_record`)."""
+        rng, now = self.rng, str(self.now_ms()).encode()
+        kind = rng.choice(("name", "values", "no-tier-at", "value", "digits"))
+        value = self._order("tier-hostile")
+        headers: list[tuple[str, bytes]] = [("dedup-id", b"forged"), ("dedup-token", b"1")]
+        if kind == "name":  # otherwise a tier record as a gateway writes it
+            headers += [(RawHeaderName(b"\xff\xfe-name"), b"v"),
+                        ("dedup-deliver-at", now), ("dedup-tier-at", now)]  # fmt: skip
+        elif kind == "values":
+            headers += [("dedup-deliver-at", b"\xff\xfe"), ("dedup-tier-at", b"soon")]
+        elif kind == "no-tier-at":
+            headers += [("dedup-deliver-at", now)]
+        elif kind == "value":
+            value, headers = b"\xff\xfe\x00 not a record", []
+        else:
+            headers += [("dedup-deliver-at", b"9" * 20), ("dedup-tier-at", now)]
+        return Planned(
+            f"tier-{kind}", rng.randrange(partitions), self._key(), value, headers,
+            "quarantine", None, "bad_tier_record", raw_header_name=kind == "name", topic=topic,
+        )  # fmt: skip
 
     def _quarantined(
         self, kind: str, reason: str, value: bytes | None, headers: list[tuple[str, bytes]]
@@ -188,7 +321,7 @@ class RecordMaker:
                 kind, part, key, value, [*_FORGED, ("message-id", message_id)], "usable", message_id
             )
         if kind == "non-utf8-header-name":
-            headers = [(_RawHeaderName(b"\xff\xfe-name"), b"v"), ("message-id", message_id)]
+            headers = [(RawHeaderName(b"\xff\xfe-name"), b"v"), ("message-id", message_id)]
             return Planned(
                 kind, part, key, value, headers, "either", message_id, raw_header_name=True
             )
@@ -248,7 +381,7 @@ class RecordMaker:
                 message_id,
             )
         if kind == "non-utf8-header-name":
-            headers: list[tuple[str, bytes]] = [(_RawHeaderName(b"\xff\xfe-name"), b"v")]
+            headers: list[tuple[str, bytes]] = [(RawHeaderName(b"\xff\xfe-name"), b"v")]
             return Planned(
                 kind,
                 part,
@@ -292,6 +425,7 @@ class Traffic:
             request_timeout_ms=60_000,
         )
         self.resends: dict[bytes, tuple[float, int]] = {}  # id -> (next at, resends so far)
+        self.last_release_ms = 0  # delay runs: when the last record may reach the clean topic
 
     async def start(self) -> None:
         await self.producer.start()
@@ -303,7 +437,8 @@ class Traffic:
         """Next offset per raw partition, by the ledger."""
         ends = dict.fromkeys(range(self.config.raw_partitions), 0)
         for entry in self.entries:
-            ends[entry.partition] = max(ends[entry.partition], entry.offset + 1)
+            if entry.topic is None:
+                ends[entry.partition] = max(ends[entry.partition], entry.offset + 1)
         return ends
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -323,6 +458,15 @@ class Traffic:
             await self.send(
                 [self.maker.hostile(rng.choice(self.maker.hostile_kinds)) for _ in range(size)]
             )
+
+    async def tier_burst(self, size: int, tiers: Sequence[str], partitions: int) -> None:
+        """`size` records no gateway wrote, on the delay tier topics `tiers`."""
+        rng = self.maker.rng
+        await self.send([self.maker.tier_hostile(rng.choice(tiers), partitions)
+                         for _ in range(size)])  # fmt: skip
+
+    async def old_copies(self, ids: Sequence[bytes]) -> None:
+        await self.send([self.maker.old_copy(i) for i in ids])
 
     def released(self, message_id: bytes) -> None:
         """Release mode: the consumer released `message_id`; send it again until processed."""
@@ -348,13 +492,14 @@ class Traffic:
         if not planned:
             return
         at = self.clock.now()
-        plain: dict[int, list[Planned]] = defaultdict(list)
+        plain: dict[tuple[str | None, int], list[Planned]] = defaultdict(list)
         shipped: list[tuple[asyncio.Future[Any], list[Planned]]] = []
         for rec in planned:
+            self.last_release_ms = max(self.last_release_ms, rec.release_ms)
             if rec.raw_header_name or (rec.value is not None and len(rec.value) > 100_000):
                 shipped.append((await self._ship([rec]), [rec]))  # a batch of its own
             else:
-                plain[rec.partition].append(rec)
+                plain[(rec.topic, rec.partition)].append(rec)
         for recs in plain.values():
             batch: list[Planned] = []
             for rec in recs:
@@ -377,6 +522,10 @@ class Traffic:
                         rec.reason,
                         at,
                         digest_of(rec.value),
+                        rec.topic,
+                        rec.timestamp_ms,
+                        rec.due_ms,
+                        rec.entity,
                     )
                 )
 
@@ -387,11 +536,11 @@ class Traffic:
             batch._builder = _DefaultRecordBatchBuilderPy(2, 0, 0, -1, -1, 0, MAX_REQUEST_BYTES)
         for rec in recs:
             appended = batch.append(
-                key=rec.key, value=rec.value, timestamp=None, headers=rec.headers
+                key=rec.key, value=rec.value, timestamp=rec.timestamp_ms, headers=rec.headers
             )
             if appended is None:
                 raise RuntimeError("a planned batch did not fit its builder")
         future: asyncio.Future[Any] = await self.producer.send_batch(
-            batch, self.topic, partition=recs[0].partition
+            batch, recs[0].topic or self.topic, partition=recs[0].partition
         )
         return future

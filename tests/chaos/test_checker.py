@@ -10,7 +10,8 @@ import pytest
 
 from devtools.chaos import Fault, Observations, Step, check, make_schedule
 from devtools.chaos.checker import QuarantineCopy, SkippedCommand
-from devtools.chaos.schedule import KINDS, RunConfig
+from devtools.chaos.runner import _SKIPPED
+from devtools.chaos.schedule import DELAY_FAULTS, GRACE_MS, KINDS, RunConfig
 from devtools.chaos.standin import DeadLetter, Delivery, fate
 from devtools.chaos.timeline import StepRun
 from devtools.chaos.traffic import RawEntry, RecordMaker, digest_of
@@ -91,15 +92,20 @@ def test_a_seed_gives_one_schedule_and_forcing_a_choice_keeps_the_others():
         free.config.id_spec,
         free.config.gateways,
     )
-    assert RecordMaker(free.config).next() == RecordMaker(free.config).next()
+    assert free.config.delay  # seed 5 is a delay run: its records are stamped by `now_ms`
+    assert RecordMaker(free.config, lambda: 0).next() == RecordMaker(free.config, lambda: 0).next()
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_every_fault_class_appears_and_guaranteed_redis_faults_hit_one_member(seed):
     schedule = make_schedule(seed, 30)
-    assert {s.fault for s in schedule.steps} == set(Fault)
+    wanted = set(Fault) - (set() if schedule.config.delay else set(DELAY_FAULTS))
+    assert {s.fault for s in schedule.steps} == wanted
     redis = {s.target for s in schedule.steps if s.fault.value.startswith("redis")}
     assert redis == {schedule.config.fragile_redis}
+    for handover in (s for s in schedule.steps if s.fault is Fault.MEMBER_HANDOVER):
+        # The second member only after the first (the fragile one) is repaired.
+        assert handover.target == schedule.config.fragile_redis != handover.second
     assert all(
         0 <= s.target < schedule.config.gateways
         for s in schedule.steps
@@ -240,3 +246,90 @@ def test_a_valid_command_skipped_as_invalid_is_a_violation_and_garbage_is_not():
     (violation,) = check(obs)
     assert violation.rule == "command-invalid"
     assert "f/0/4" in violation.message and "during [step 2: broker-stop" in violation.message
+
+
+def test_the_gateways_skipped_command_log_line_is_recognised():
+    line = (
+        "2026-11-26 18:50:01,123 WARNING gateway.failures.loop invalid failure command at "
+        "chaos-5-failures/1/17 skipped (bad_header): 1 header name(s) not UTF-8"
+    )
+    match = _SKIPPED.match(line)
+    assert match is not None
+    assert (match[2], match[3], match[4]) == (
+        "chaos-5-failures/1/17",
+        "bad_header",
+        "1 header name(s) not UTF-8",
+    )
+
+
+def test_a_hostile_command_not_skipped_is_a_violation():
+    cfg = config()
+    skipped = [SkippedCommand(3.0, 0, "f/1/3", "bad_header")]
+    obs = observations(cfg, hostile_commands=["f/1/3", "f/0/9"], skipped_commands=skipped)
+    (violation,) = check(obs)
+    assert violation.rule == "command-hostile" and "f/0/9" in violation.message
+
+
+def test_tier_records_are_quarantined_under_their_own_topic():
+    cfg = config()
+    (good,) = ids_with_fate(cfg, "ok", 1)
+    tier = entry(0, 0, None, kind="tier-values", expect="quarantine", reason="bad_tier_record",
+                 topic="c.delay.4s")  # fmt: skip
+    copy = QuarantineCopy([b"c.delay.4s/0/0"], [b"bad_tier_record: x"], (0, 0))
+    seen = {"entries": [entry(0, 0, good), tier], "deliveries": [delivery(good, (0, 0))]}
+    assert check(observations(cfg, raw_topic="raw", quarantine=[copy], **seen)) == []
+    assert rules(observations(cfg, raw_topic="raw", **seen)) == ["quarantine"]
+
+
+def test_a_delayed_or_windowed_record_read_before_it_is_due_is_early():
+    cfg = config(delay=True)
+    (good,) = ids_with_fate(cfg, "ok", 1)
+    seen = {"entries": [entry(0, 0, good, due_ms=10_000)]}
+    on_time = dataclasses.replace(delivery(good, (0, 0)), read_ms=10_050, deliver_at=10_000)
+    assert check(observations(cfg, deliveries=[on_time], **seen)) == []
+    early = dataclasses.replace(on_time, read_ms=9_000)
+    assert rules(observations(cfg, deliveries=[early], **seen)) == ["early"]
+    windowed = dataclasses.replace(on_time, window=(8_000, 10_000))  # closes at 11 s
+    assert GRACE_MS == 1000
+    assert rules(observations(cfg, deliveries=[windowed], **seen)) == ["early"]
+
+
+def test_a_window_must_reach_the_clean_topic_as_its_newest_version():
+    cfg = config(delay=True)
+    older, newer = ids_with_fate(cfg, "ok", 2)
+    entries = [
+        entry(0, 0, older, entity=b"e-1", timestamp_ms=2_100),
+        entry(1, 0, newer, entity=b"e-1", timestamp_ms=2_900),
+    ]
+
+    def emitted(message_id: bytes, source: tuple[int, int]) -> Delivery:
+        return dataclasses.replace(
+            delivery(message_id, source), read_ms=5_000, window=(2_000, 4_000)
+        )
+
+    # The newest emitted, the older merged into it: neither lost.
+    assert check(observations(cfg, entries=entries, deliveries=[emitted(newer, (1, 0))])) == []
+    # Late updates: the oldest sent on its own, then the newest; the middle one merged.
+    middle = dataclasses.replace(entries[0], offset=1, message_id=b"mid", timestamp_ms=2_500)
+    both = [emitted(older, (0, 0)), emitted(newer, (1, 0))]
+    assert check(observations(cfg, entries=[*entries, middle], deliveries=both)) == []
+    # Coalescing switched off while the newer one waited: it comes plain, the older
+    # one (dropped at its close before) is merged into it all the same.
+    plain = dataclasses.replace(delivery(newer, (1, 0)), read_ms=5_000)
+    assert check(observations(cfg, entries=entries, deliveries=[plain])) == []
+    # Stamped hours ahead, windowed by the gateway's clock into the older one's window
+    # (its dedup-deliver-at is that close), and delivered plain after the switch.
+    ahead = dataclasses.replace(entries[1], timestamp_ms=9_000_000)
+    plain_ahead = dataclasses.replace(plain, deliver_at=4_000 + GRACE_MS)
+    assert check(observations(cfg, entries=[entries[0], ahead], deliveries=[plain_ahead])) == []
+    # Stamped hours ahead with a delay of its own: delivered plain at its due, it stands
+    # for the window of whichever moment between its production and its delivery.
+    far = dataclasses.replace(entries[1], timestamp_ms=9_000_000, at=1.5)  # produced 1.5 s
+    late = dataclasses.replace(plain, read_ms=20_000, deliver_at=19_000)
+    seen = observations(cfg, entries=[entries[0], far], deliveries=[late], wall0_ms=0)
+    assert check(seen) == []
+    # The older emitted, the newer never: its window's newest version is missing.
+    assert rules(observations(cfg, entries=entries, deliveries=[emitted(older, (0, 0))])) == [
+        "lost",
+        "window",
+    ]
