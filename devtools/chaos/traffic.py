@@ -43,7 +43,10 @@ from devtools.chaos.timeline import Clock
 
 BIG_VALUE = 1_048_576  # a raw value of the broker's default request limit
 RESEND_EVERY_S = 1.0  # release mode: the producer sends a released id again
-MAX_RESENDS = 40
+# For 2 minutes: a command can wait that long behind the schedule's own faults (seed 9508:
+# two gateway stops of 23 s and 22 s back to back on the command partition's owner,
+# with a 20 s session, applied the releases 47 s after they were sent).
+MAX_RESENDS = 120
 MAX_REQUEST_BYTES = 8 * 1024 * 1024  # of the test's own clients: hostile records are big
 
 Expect = Literal["usable", "quarantine", "either"]
