@@ -238,25 +238,22 @@ class FailureLoop:
             answers = [a for r in replies if (a := r[j]) is not None]
             decision = release_decision(answers, self.quorum.majority)
             if decision == "repeated":  # counted stale, as a handover's second copy is
-                self.metrics.releases.labels("stale").inc()
-                logger.info(
-                    "repeated release for %s (%s): released before", cmd.readable_id, cmd.ref,
-                    extra=_fields(cmd),
-                )  # fmt: skip
+                self._stale(cmd, "repeated release", "released before")
             elif decision == "released":
                 self.metrics.releases.labels("released").inc()
                 logger.info(
                     "released %s (%s): %s", cmd.readable_id, cmd.ref, cmd.reason, extra=_fields(cmd)
                 )
             elif decision == "stale":
-                self.metrics.releases.labels("stale").inc()
-                logger.info(
-                    "stale release for %s (%s): token no longer holds", cmd.readable_id, cmd.ref,
-                    extra=_fields(cmd),
-                )  # fmt: skip
+                self._stale(cmd, "stale release", "token no longer holds")
             else:
                 return self._undecided(part, rec, cmd, answers)
         return None
+
+    def _stale(self, cmd: Command, what: str, why: str) -> None:
+        """A command that changes nothing: counted `stale`, logged as `what for ID (REF): why`."""
+        self.metrics.releases.labels("stale").inc()
+        logger.info("%s for %s (%s): %s", what, cmd.readable_id, cmd.ref, why, extra=_fields(cmd))
 
     def _undecided(self, part: _Partition, rec: Record, cmd: Command, answers: list[int]) -> int:
         """No majority of counted members agreed on a command: its partition waits there
@@ -286,11 +283,7 @@ class FailureLoop:
                 delay = 0.0 if dead else self._backoff(cmd.attempt)
                 self._schedule(now + delay, _Due(cmd, tp, rec.offset, dead, part))
             elif decision == "skip":
-                self.metrics.releases.labels("stale").inc()
-                logger.info(
-                    "stale or repeated command for %s (%s): skipped", cmd.readable_id, cmd.ref,
-                    extra=_fields(cmd),
-                )  # fmt: skip
+                self._stale(cmd, "stale or repeated command", "skipped")
             else:
                 return self._undecided(part, rec, cmd, answers)
         return None
