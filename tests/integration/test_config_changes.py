@@ -28,7 +28,14 @@ from gateway.delay.coalescer import now_ms
 from gateway.rules.tiers import tier_topics
 from tests.conftest import redis_urls
 from tests.integration.test_coalesce import coalesce_settings
-from tests.integration.test_delay import TIERS, create_all, delay_settings, poll, reading
+from tests.integration.test_delay import (
+    TIERS,
+    Seen,
+    create_all,
+    delay_settings,
+    poll,
+    reading,
+)
 from tests.integration.test_first_hour import bounded, run, write_config
 
 JOINED = "delay tier partitions assigned"
@@ -66,6 +73,12 @@ async def wait_in_a_tier(
         await producer.stop()
     await wait_committed(broker, topics.group, topics.raw, {0: count})
     return due_of
+
+
+async def all_delivered(seen: Seen, due_of: dict[str, int], proc: subprocess.Popen[bytes]) -> None:
+    """Until `seen` holds as many records as `due_of` names (30 s past the last due time)."""
+    wait_s = (max(due_of.values()) - now_ms()) / 1000 + 30
+    await poll(lambda: len(seen.records) >= len(due_of), wait_s, "every waiting record", proc)
 
 
 async def send_due_later(
@@ -112,8 +125,7 @@ async def test_start_up_is_refused_with_delay_off_while_a_tier_holds_waiting_rec
                 refused.stderr[-600:]
             )
             proc = start_process(on_toml, log)  # [delay] back on: delivered when due
-            await poll(lambda: len(seen.records) >= 5, (max(due_of.values()) - now_ms()) / 1000
-                       + 30, "every waiting record delivered", proc)  # fmt: skip
+            await all_delivered(seen, due_of, proc)
     finally:
         stop_cleanly(proc, log)
     await check_each_once_when_due(seen.records, due_of, broker, topics)
@@ -148,9 +160,7 @@ async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_on
             assert removed in shown.stdout, "inspect lists a record waiting in a left-over tier"
             proc = start_process(after_toml, log)
             await poll(lambda: log.read_text().count(JOINED) == 2, 60, "the restart", proc)
-            last_due = max(due_of.values())
-            await poll(lambda: len(seen.records) >= 20, (last_due - now_ms()) / 1000 + 30,
-                       "every waiting record delivered", proc)  # fmt: skip
+            await all_delivered(seen, due_of, proc)
             assert f"tier topic(s) {removed} are not in [delay] tiers" in log.read_text()
     finally:
         stop_cleanly(proc, log)
@@ -187,8 +197,7 @@ async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
             await wait_committed(broker, topics.group, topics.raw, {0: 11})
             stop_cleanly(proc, log)
             proc = start_process(write_toml(tmp_path / "after.toml", after), log)
-            wait_s = (max(due_of.values()) - now_ms()) / 1000 + 30
-            await poll(lambda: len(new.records) >= 10, wait_s, "every waiting record", proc)
+            await all_delivered(new, due_of, proc)
             assert len(old.records) == 1
     finally:
         stop_cleanly(proc, log)
