@@ -62,8 +62,7 @@ from devtools.topics import create_topics, read_topic
 from gateway.config import load_settings
 from gateway.contract.records import H_ERROR, H_SOURCE
 from gateway.metrics import Metrics
-from gateway.ops.rebuild import rebuild
-from gateway.quorum.keys import EPOCH_TRUSTED
+from gateway.ops.rebuild import kept_their_data, rebuild
 from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
 
@@ -586,7 +585,7 @@ class Run:
             await quorum.refresh_epochs()
             trusted = sum(1 for i in quorum.members if i.up and i.trusted)
             recovering = [i for i in quorum.members if i.up and not i.trusted]
-            kept = [i.name for i in recovering if i.epoch and i.epoch.state == EPOCH_TRUSTED]
+            kept = kept_their_data(quorum)
         finally:
             await quorum.close()
         if trusted >= quorum.majority or not (trusted or kept):

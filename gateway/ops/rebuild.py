@@ -132,14 +132,19 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
     return OK
 
 
-def _from_hint(quorum: Quorum, target: MemberLink) -> str:
-    """Which member `--from` should name: one that kept its data (its epoch says
-    trusted) and is not counted only because a stopped gateway run noted it missed
-    fills lacks just those; an emptied one gives nothing."""
-    kept = [
+def kept_their_data(quorum: Quorum) -> list[str]:
+    """Members not counted that kept their data (their epoch says trusted): not
+    counted only because a stopped gateway run noted they missed fills, they lack
+    just those; the source `--from` should name when no member is trusted."""
+    return [
         i.name for i in quorum.members
-        if i is not target and i.up and i.epoch is not None and i.epoch.state == EPOCH_TRUSTED
+        if i.up and not i.trusted and i.epoch is not None and i.epoch.state == EPOCH_TRUSTED
     ]  # fmt: skip
+
+
+def _from_hint(quorum: Quorum, target: MemberLink) -> str:
+    """What `--from` should name: a member that kept its data; an emptied one gives nothing."""
+    kept = [name for name in kept_their_data(quorum) if name != target.name]
     if kept:
         return (
             f"{', '.join(kept)} kept its data (not counted: noted as behind by a stopped "
