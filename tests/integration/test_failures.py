@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 import redis.asyncio as aioredis
@@ -31,7 +32,7 @@ from gateway.kafka.clients import build_consumer, build_producer
 from gateway.metrics import Metrics, total
 from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
-from tests.integration.redis_marks import owners_on
+from tests.integration.redis_marks import alone, owners_on
 
 ORDER = b'{"order_id": "m-1"}'
 
@@ -462,3 +463,65 @@ async def test_a_member_that_missed_a_claim_and_its_fill_does_not_hold_a_release
         await produce(broker, topics.raw, [copy_of("m-1")])  # the producer's next copy: new
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
     assert len(await clean_copies(broker, topics, count=2)) == 2
+
+
+SHORT_TTL = timedelta(seconds=4)  # marks gone after 4-6 s (a slice is half the ttl)
+
+
+async def expired_everywhere(servers, message_id: bytes, timeout_s: float = 30) -> None:
+    """Wait until no member holds a live mark for `message_id` (its ttl has passed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        owners = []
+        for server in servers:
+            async with alone(server, ttl=SHORT_TTL) as quorum:
+                reply = await quorum.lookup(quorum.members[0], [mark_digest(message_id)])
+                assert reply is not None, f"{server.name} does not answer"
+                owners.append(reply[0][0])
+        if not any(owners):
+            return
+        assert time.monotonic() < deadline, f"marks still held after {timeout_s}s: {owners}"
+        await asyncio.sleep(0.2)  # polling the members' state, not standing in for it
+
+
+async def test_a_retry_command_after_the_marks_ttl_still_retries_its_record(broker, setup, members):
+    """A command that comes after its id's mark expired finds the id free on every
+    member: nobody holds it, so the handover claims it for the next attempt and the
+    record is retried (docs/failures.md)."""
+    topics, settings = setup
+    config = settings(mode="retry")
+    config.redis.ttl = SHORT_TTL
+    async with running(config) as gateway:
+        await produce(broker, topics.raw, [copy_of("m-1")])
+        (first,) = await clean_copies(broker, topics, count=1)
+        await expired_everywhere(members, b"m-1")
+        await produce(broker, topics.failures, [failure_command(first, "late")])
+        await eventually(lambda: counter_value(gateway.metrics.retries, "2") == 1, what="retried")
+        assert counter_value(gateway.metrics.releases, "stale") == 0
+    copies = await clean_copies(broker, topics, count=2)
+    assert sorted(map(attempt_of, copies)) == [1, 2]
+    assert len(set(map(token_of, copies))) == 2
+
+
+async def test_a_retry_command_after_the_ttl_is_stale_once_a_new_copy_holds_the_id(
+    broker, setup, members
+):
+    """After the mark expired, the producer's next copy is new: it is forwarded under a
+    token of its own and is the id's delivery from then on. The first copy's late
+    command then finds the id held by another owner: skipped as stale, no retry."""
+    topics, settings = setup
+    config = settings(mode="retry")
+    config.redis.ttl = SHORT_TTL
+    async with running(config) as gateway:
+        m = gateway.metrics
+        await produce(broker, topics.raw, [copy_of("m-1")])
+        (first,) = await clean_copies(broker, topics, count=1)
+        await expired_everywhere(members, b"m-1")
+        await produce(broker, topics.raw, [copy_of("m-1")])
+        await clean_copies(broker, topics, count=2)
+        await produce(broker, topics.failures, [failure_command(first, "late")])
+        await eventually(lambda: counter_value(m.releases, "stale") == 1, what="stale")
+        assert counter_value(m.retries, "2") == 0 and counter_value(m.duplicates) == 0
+    copies = await clean_copies(broker, topics, count=2)
+    assert [attempt_of(c) for c in copies] == [1, 1]
+    assert len(set(map(token_of, copies))) == 2
