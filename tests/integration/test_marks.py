@@ -16,6 +16,7 @@ from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
 from gateway.quorum.admin import MarkView
+from gateway.quorum.keys import handover_key
 from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE
@@ -188,6 +189,39 @@ async def test_a_member_still_holding_an_earlier_attempt_is_handed_over_another_
     # A source's earlier tokens never name another source's owner: stale, unchanged.
     assert await quorum.handover([Handover(other, "12", "13", "failures/0/8", ("11",))]) == [[0]]
     assert await quorum.claim([other], ["5"]) == [["99"]]
+
+
+async def test_a_replay_of_a_handover_finds_its_note_for_as_long_as_the_mark_lives(
+    quorum_on: QuorumFactory,
+) -> None:
+    """The note naming the command that handed a mark over lives as long as the mark
+    (up to a slice past `ttl`). It used to live `ttl`: a replay of the command after
+    that, the mark still held by the next attempt, read as another copy's handover and
+    was skipped, so the retry was never done (chaos seed 9510: a gateway killed
+    before its retry, replayed 108 s later under a 75 s ttl)."""
+    quorum = quorum_on(ttl="4s")  # slices of 2 s: a mark lives 4 to 6 s
+    (mark,) = digests("noted", 1)
+    assert await quorum.claim([mark], ["1"]) == [[MINE]]
+    meta, client = quorum.prefix + b"slice", quorum.members[0].client
+    opened = int(await client.hget(meta, "id") or 0)
+    filler = iter(digests("noted-filler", 1000))
+    while int(await client.hget(meta, "id") or 0) == opened:  # a slice opens: the
+        await quorum.claim([next(filler)], ["8"])  # handover lands early in it
+        await asyncio.sleep(0.02)
+    command = [Handover(mark, "1", "2", "failures/0/5")]
+    assert await quorum.handover(command) == [[1]]
+    handed_at = time.monotonic()
+    (view,) = await quorum.inspect(mark)
+    note = await client.pttl(handover_key(quorum.prefix, mark))
+    assert view is not None and view.owner == "2"
+    assert note >= view.ttl_ms - 50, (note, view.ttl_ms)
+    while time.monotonic() - handed_at < 4.3:  # past `ttl`, within the mark's life
+        await quorum.claim([next(filler)], ["8"])
+        await asyncio.sleep(0.05)  # time passing is what is under test
+    (view,) = await quorum.inspect(mark)
+    assert view is not None and view.owner == "2", "the mark expired: the slice opened late"
+    assert await quorum.handover(command) == [[2]]  # a crash replay: redo the retry
+    assert await quorum.handover([Handover(mark, "1", "2", "failures/1/9")]) == [[3]]
 
 
 async def test_changing_ttl_or_bucket_count_keeps_the_marks_already_claimed(

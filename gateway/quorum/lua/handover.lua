@@ -47,7 +47,11 @@ for i = 1, marks do
     -- could empty (so delete) a bucket the ledger holds (see ledger_of).
     if bucket and bucket ~= bucket_of(slices[1], h) then redis.call('HDEL', bucket, digest) end
     put(slices, digest, nxt, now, ledger)
-    redis.call('SET', by, ref, 'PX', ttl)
+    -- The note lives as long as the mark (its bucket's expiry, up to a slice past
+    -- `ttl`): a replay of this command while the mark lives must find it, or it
+    -- reads as another copy's handover and the retry is never done (chaos seed 9510).
+    local left = redis.call('PTTL', (bucket_of(slices[1], h)))
+    redis.call('SET', by, ref, 'PX', math.max(left, ttl))
     out[i] = 1
   else
     out[i] = 0
