@@ -267,9 +267,11 @@ class RecordMaker:
         return replace(rec, headers=headers, expect="quarantine", reason=reason, message_id=None)
 
     def tier_hostile(self, topic: str, partitions: int) -> Planned:
-        """A record on a delay tier that no gateway wrote: quarantined (`bad_tier_record`)."""
+        """A record on a delay tier that no gateway wrote: quarantined (`bad_tier_record`;
+        well-formed but due years ahead, `delay_too_long`)."""
         rng, now = self.rng, str(self.now_ms()).encode()
-        kind = rng.choice(("name", "values", "no-tier-at", "value", "digits"))
+        kind = rng.choice(("name", "values", "no-tier-at", "value", "digits", "far"))
+        reason = "delay_too_long" if kind == "far" else "bad_tier_record"
         value = self._order("tier-hostile")
         headers: list[tuple[str, bytes]] = [("dedup-id", b"forged"), ("dedup-token", b"1")]
         if kind == "name":  # otherwise a tier record as a gateway writes it
@@ -281,11 +283,14 @@ class RecordMaker:
             headers += [("dedup-deliver-at", now)]
         elif kind == "value":
             value, headers = b"\xff\xfe\x00 not a record", []
+        elif kind == "far":
+            years = str(self.now_ms() + 10 * 365 * 86_400_000).encode()
+            headers += [("dedup-deliver-at", years), ("dedup-tier-at", now)]
         else:
             headers += [("dedup-deliver-at", b"9" * 20), ("dedup-tier-at", now)]
         return Planned(
             f"tier-{kind}", rng.randrange(partitions), self._key(), value, headers,
-            "quarantine", None, "bad_tier_record", raw_header_name=kind == "name", topic=topic,
+            "quarantine", None, reason, raw_header_name=kind == "name", topic=topic,
         )  # fmt: skip
 
     def _quarantined(

@@ -81,6 +81,7 @@ from gateway.rules.tiers import (
     Tiers,
     _int_header,
     _replace_tier_at,
+    millis,
     next_step_ms,
     pick_tier,
     tier_topics,
@@ -96,6 +97,10 @@ STOP_DRAIN_MS = 5_000  # at stop, held records due for a step within this are mo
 FULL_RETRY_MS = 50  # memory full: how soon a partition paused for room is tried again
 FETCH_TIMEOUT_MS = 100  # longest an idle fetch waits: bounds the reaction to stop
 REPORT_EVERY_S = 1.0
+# A tier record due further ahead than `max_delay` (+ this, for gateways' clocks that
+# differ) was not written under the current settings: quarantined, not cycled through
+# the largest tier past its mark's life (a lowered max_delay, or another writer).
+CLOCK_SLACK_MS = 60_000
 
 
 @dataclass(order=True, slots=True)
@@ -142,6 +147,7 @@ class DelayLoop:
         self.max_bytes = settings.kafka.max_request_bytes
         self.tiers = Tiers(settings)
         self.lead_ms = self.tiers.ms[0]
+        self.latest_due_ms = millis(settings.delay.max_delay) + CLOCK_SLACK_MS  # from now
         self.lock = asyncio.Lock()  # a step (move, ack, commit) against a rebalance
         self.held: DueQueue[_Held] = DueQueue()  # by next step
         self.held_bytes = 0
@@ -225,7 +231,7 @@ class DelayLoop:
                 problem = f"{bad_headers[rec.offset]} header name(s) not UTF-8, dropped"
                 held = _Held(0, rec, 0, _size(rec), f"bad_tier_record: {problem}")
             else:
-                held = self._held(rec, tier_ms)
+                held = self._held(rec, tier_ms, now)
             if held.step_ms - now > self.lead_ms:
                 resume = min(held.step_ms - self.lead_ms, now + PEEK_EVERY_MS)
                 self._pause(tp, part, rec.offset, resume)
@@ -266,10 +272,14 @@ class DelayLoop:
         index = self.tiers.by_topic.get(topic)
         return self.tiers.labels[index] if index is not None else topic
 
-    def _held(self, rec: Record, tier_ms: int) -> _Held:
+    def _held(self, rec: Record, tier_ms: int, now: int) -> _Held:
         size = _size(rec)
         try:
             due = _int_header(rec.headers, H_DELIVER_AT)
+            if due - now > self.latest_due_ms:
+                max_delay_s = (self.latest_due_ms - CLOCK_SLACK_MS) / 1000
+                return _Held(0, rec, 0, size, f"delay_too_long: due {(due - now) / 1000:.0f}s "
+                             f"from now; [delay] max_delay is {max_delay_s:.0f}s")  # fmt: skip
             step = next_step_ms(_int_header(rec.headers, H_TIER_AT), tier_ms, due)
             window = any(k == H_WINDOW for k, _ in rec.headers)
             if window and self.closer is None:
@@ -315,7 +325,8 @@ class DelayLoop:
         while (held := self.held.pop_due(now)) is not None:
             rec = held.record
             if held.problem is not None:
-                moves[self.quarantine_topic].append(self._quarantined(rec, held.problem))
+                reason = held.problem.split(":", 1)[0]
+                moves[self.quarantine_topic].append(self._quarantined(rec, held.problem, reason))
             elif held.due_ms <= now and held.window:
                 closing.append(held)  # its window's close is decided below
                 continue

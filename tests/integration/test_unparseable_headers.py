@@ -1,7 +1,8 @@
 """A record whose header name is not UTF-8 on the failure topic or on a delay tier
 topic: aiokafka cannot parse it (its `getmany` raises, every time). It is set aside
 with a metric and a log line naming its coordinates, and the loop reads on; before,
-the whole gateway stopped, and every restart met the same record again."""
+the whole gateway stopped, and every restart met the same record again. Also a
+well-formed tier record due beyond `max_delay`: set aside, not cycled in the tiers."""
 
 from __future__ import annotations
 
@@ -92,3 +93,37 @@ async def test_a_tier_record_with_a_header_name_not_utf8_is_quarantined_and_the_
         == b"bad_tier_record: 1 header name(s) not UTF-8, dropped"
     )
     assert f"quarantined tier record {tier}/0/0: bad_tier_record" in caplog.text
+
+
+async def test_a_tier_record_due_beyond_max_delay_is_quarantined_not_cycled_in_the_tiers(
+    broker, redis_servers, names, caplog
+):
+    """A well-formed tier record due further ahead than `[delay] max_delay` (written
+    before max_delay was lowered, or by another writer) would step through the largest
+    tier past its mark's life: it is quarantined as `delay_too_long`, the next delivered."""
+    caplog.set_level(logging.INFO)
+    topics = Topics(names)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(1)),
+        delay={"enabled": True, "tiers": ["1s"], "max_delay": "30s"},
+    )  # fmt: skip
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    (tier,) = tier_topics(settings)
+    await create_topics(broker, {tier: 1})
+    now = now_ms()
+
+    def waiting(message_id: bytes, due: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+        headers = [(H_ID, message_id), (H_DELIVER_AT, str(due).encode()), (H_TIER_AT, b"%d" % now)]
+        return message_id, b"v", headers
+
+    await produce(broker, tier, [waiting(b"t-far", now + 3_600_000), waiting(b"t-1", now)])
+    async with running(settings) as gateway:
+        quarantined = gateway.metrics.quarantined
+        await eventually(lambda: counter_value(quarantined, "delay_too_long") == 1)
+        await wait_committed(broker, f"{topics.group}.delay", tier, {0: 2})
+    assert await clean_ids(broker, topics.clean) == {"t-1": 1}
+    (copy,) = await read_topic(broker, topics.quarantine, min_records=1)
+    assert copy.key == b"t-far"
+    error = dict(copy.headers)["dedup-error"]
+    assert error.startswith(b"delay_too_long: due 35") and error.endswith(b"max_delay is 30s")
+    assert f"quarantined tier record {tier}/0/0: delay_too_long" in caplog.text
