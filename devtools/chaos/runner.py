@@ -430,9 +430,13 @@ class Run:
         # (after another member's leave or join) as the leader of a group nobody may
         # then lead (docs/development.md, "The test broker"); Apache Kafka elects another.
         groups = [self.topics.group, f"{self.topics.group}.failures", f"{self.topics.group}.delay"]
-        departed = await asyncio.gather(*(clear_departed_leader(bootstrap, g) for g in groups))
+        departed = await asyncio.gather(
+            *(clear_departed_leader(bootstrap, g) for g in groups), return_exceptions=True
+        )
         for group, leader in zip(groups, departed, strict=True):
-            if leader is not None:
+            if isinstance(leader, BaseException):
+                self.event(f"{group}: not checked for a departed leader: {leader!r}")
+            elif leader is not None:
                 self.event(f"{group}: cleared the departed leader {leader} the broker kept")
         for gateway in self.gateways:
             gateway.config = changed
