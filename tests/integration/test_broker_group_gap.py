@@ -2,8 +2,9 @@
 stay true: a LeaveGroup from the group's leader while the group is rebalancing
 removes the member but keeps it as the leader, so no later member is ever
 assigned a partition (docs/development.md, "The test broker"). Apache Kafka
-elects a remaining member instead. When Tansu is fixed these tests fail: then
-drop the docs entry and the chaos harness's `clear_departed_leaders`.
+elects a remaining member instead. When Tansu does too, the first and the last
+test fail: then drop the docs entry and the chaos harness's
+`clear_departed_leader`.
 
 The group protocol is driven by hand (aiokafka's request classes), so every step
 is one request and its answer, in order: no timing decides the outcome.
