@@ -77,12 +77,17 @@ async def clear_departed_leader(bootstrap: str, group: str) -> str | None:
     """Free `group` of a leader that left it while it rebalanced, which Tansu 0.6 keeps
     as the leader of a group no member may then lead (docs/development.md, "The test
     broker"); for a moment when no consumer of ours is in the group. A probe joins:
-    if the broker names another leader, the probe joins again under that id, syncs
-    as that leader (the group forms) and leaves, which clears the leader. The probe
-    leaves too. Returns the departed leader's id, or None when there was none."""
+    if the broker names another leader, a second client joins under that id, syncs as
+    that leader (the group forms) and leaves, which clears the lead. Returns the
+    departed leader's id, or None when there was none.
+
+    No client of ours leaves while it leads a group that has not formed (that leave
+    is the gap itself): it goes silent instead, and the broker evicts it after its
+    session (SESSION_MS), which clears the lead too."""
     probe = GroupMember(bootstrap, group, "-", "chaos-probe")
     await probe.start()
-    ghost: GroupMember | None = None
+    as_leader: GroupMember | None = None
+    probe_may_leave = True
     try:
         await probe.join()
         joined = await probe.join()
@@ -90,19 +95,28 @@ async def clear_departed_leader(bootstrap: str, group: str) -> str | None:
             return None
         leader: str = joined.leader_id
         if leader == probe.member_id:
-            await probe.sync({probe.member_id: []})  # formed, so that its leave clears the lead
+            probe_may_leave = await _lead(probe, joined)
             return None
-        ghost = GroupMember(bootstrap, group, "-", "chaos-probe")
-        await ghost.start()
-        as_leader = await ghost.join(member_id=leader)
-        if as_leader.error_code != 0 or as_leader.leader_id != leader:
+        as_leader = GroupMember(bootstrap, group, "-", "chaos-probe")
+        await as_leader.start()
+        answer = await as_leader.join(member_id=leader)
+        if answer.error_code != 0 or answer.leader_id != leader:
             return None
-        await ghost.sync({leader: [], probe.member_id: []})
-        await ghost.leave()
+        if await _lead(as_leader, answer):
+            await as_leader.leave()  # a formed group's leader: its leave clears the lead
         logger.info("group %s: cleared departed leader %s", group, leader)
         return leader
     finally:
-        await probe.leave()
+        if probe_may_leave:
+            await probe.leave()
         await probe.close()
-        if ghost is not None:
-            await ghost.close()
+        if as_leader is not None:
+            await as_leader.close()
+
+
+async def _lead(member: GroupMember, joined: Any) -> bool:
+    """Sync as the leader `joined` named `member`, assigning nothing to every member
+    it listed; whether the group formed."""
+    members = {listed[0] for listed in joined.members} | {member.member_id}
+    synced = await member.sync({m: [] for m in members})
+    return bool(synced.error_code == 0)
