@@ -9,6 +9,7 @@ they ran, and the gateways' exits and tracebacks. Output is a list of
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -457,12 +458,20 @@ def _delays(obs: Observations, ix: _Index) -> Iterator[Violation]:
             )
 
 
+def answered_sigterm(code: int | None) -> bool:
+    """A gateway's exit code after SIGTERM: 0 (drained), or killed by that SIGTERM
+    itself, which comes only before the gateway's handler is installed (Python still
+    starting, `gateway/cli.py`), when nothing is in flight (as the supervisor treats
+    a worker's, gateway/service/workers.py)."""
+    return code in (0, -signal.SIGTERM)
+
+
 def _exits(obs: Observations) -> Iterator[Violation]:
     """Gateways exit only by the schedule's SIGKILL or the final SIGTERM (code 0)."""
     for text in obs.unexpected_exits:
         yield Violation("exit", text)
     for gateway, code in sorted(obs.final_exit_codes.items()):
-        if code != 0:
+        if not answered_sigterm(code):
             yield Violation(
                 "exit",
                 f"g{gateway} answered SIGTERM with exit code {code} (None: "

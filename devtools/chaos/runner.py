@@ -35,6 +35,7 @@ from devtools.chaos.checker import (
     QuarantineCopy,
     SkippedCommand,
     Violation,
+    answered_sigterm,
     check,
     stats,
 )
@@ -421,7 +422,7 @@ class Run:
             *(asyncio.to_thread(g.wait_exit, STOP_DEADLINE_S) for g in self.gateways)
         )
         for gateway, code in zip(self.gateways, codes, strict=True):
-            if code != 0:
+            if not answered_sigterm(code):
                 self.problems.append(Violation(
                     "exit", f"g{gateway.index} answered the SIGTERM of [{step}] with exit code "
                     f"{code} (None: still running after {STOP_DEADLINE_S:.0f}s, killed)",
