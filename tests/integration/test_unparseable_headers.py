@@ -6,7 +6,13 @@ well-formed tier record due beyond `max_delay`: set aside, not cycled in the tie
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 import logging
+
+import pytest
+from aiokafka import TopicPartition
 
 from devtools.harness import (
     Topics,
@@ -21,6 +27,11 @@ from devtools.harness import (
 from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.contract.records import H_DELIVER_AT, H_ID, H_TIER_AT
 from gateway.delay.coalescer import now_ms
+from gateway.failures import loop as loop_module
+from gateway.failures.loop import FailureLoop
+from gateway.kafka.clients import build_consumer, build_producer
+from gateway.metrics import Metrics
+from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
 from tests.conftest import redis_urls
 from tests.integration.test_bad_input import batch_with_bad_header_name, produce_raw_batch
@@ -127,3 +138,59 @@ async def test_a_tier_record_due_beyond_max_delay_is_quarantined_not_cycled_in_t
     error = dict(copy.headers)["dedup-error"]
     assert error.startswith(b"delay_too_long: due 35") and error.endswith(b"max_delay is 30s")
     assert f"quarantined tier record {tier}/0/0: delay_too_long" in caplog.text
+
+
+async def test_a_revoke_while_reading_past_a_bad_command_leaves_the_commands_to_be_read_again(
+    broker, redis_servers, names, monkeypatch
+):
+    """The failure loop reads past a command it cannot parse with no lock against a
+    revoke. A revoke during that read drops the partition's scheduled retries; the
+    commands read must then be left to be read again from the commits, not handled
+    into a new state of the revoked partition (which was committed past the dropped
+    retries: chaos seed 9709, retry mode, ids never retried)."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    settings = make_settings(broker, topics, redis_urls(redis_servers(1)))
+    kafka, metrics = settings.kafka, Metrics()
+    quorum = Quorum(settings.redis, metrics)
+    producer = build_producer(kafka)
+    commands = build_consumer(kafka, f"{kafka.group_id}.failures")
+    await producer.start()
+    await commands.start()
+    loop = FailureLoop(settings, quorum, producer, metrics)
+    listener = loop.listener()
+    commands.subscribe([kafka.failure_topic], listener=listener)
+    try:
+        for _ in range(200):  # joined once the group assigns the partitions
+            await commands.getmany(timeout_ms=50)
+            if commands.assignment():
+                break
+        tp = TopicPartition(kafka.failure_topic, 0)
+        assert tp in commands.assignment()
+        body = {
+            "id": "m-1", "id_b64": base64.b64encode(b"m-1").decode(), "token": "1",
+            "reason": "boom", "source": {"topic": topics.raw, "partition": 0, "offset": 0},
+            "attempt": 1, "reasons": [],
+        }  # fmt: skip
+        command = (b"m-1", json.dumps(body).encode(), [])
+        await produce_raw_batch(
+            broker, kafka.failure_topic, 0, batch_with_bad_header_name([command, command], bad=1)
+        )
+        with pytest.raises(UnicodeDecodeError) as failed:
+            for _ in range(100):
+                await commands.getmany(tp, timeout_ms=100)
+        read_leniently = loop_module.fetch_past_bad_headers
+
+        async def revoked_meanwhile(*args, **kwargs):
+            found = await read_leniently(*args, **kwargs)
+            await listener.on_partitions_revoked(set(commands.assignment()))
+            return found
+
+        monkeypatch.setattr(loop_module, "fetch_past_bad_headers", revoked_meanwhile)
+        await loop._salvage(commands, failed.value, asyncio.Event())
+        assert len(loop.due) == 0 and not loop.book.parts, "handled after the revoke"
+        assert await commands.committed(tp) is None
+    finally:
+        await commands.stop()
+        await producer.stop()
+        await quorum.close()
