@@ -42,3 +42,8 @@ DIGEST_BYTES = 12
 def mark_digest(message_id: bytes) -> bytes:
     """The field a message id's mark is stored under."""
     return blake2b(message_id, digest_size=DIGEST_BYTES).digest()
+
+
+def mark_digests(message_ids: Iterable[bytes]) -> list[bytes]:
+    """`mark_digest` of each id (inline: a call per id was a tenth of the cost)."""
+    return [blake2b(i, digest_size=DIGEST_BYTES).digest() for i in message_ids]

@@ -250,19 +250,46 @@ class Quorum:
         if not self.epochs.read:
             await self.refresh_epochs()
         n, width = len(digests), len(digests[0])
+        # What every standalone member gets the same of, built once per batch: a chunk's
+        # digests and tokens, and the decoding of a chunk's replies another member
+        # answered alike (the usual case).
+        payloads: dict[tuple[int, int], tuple[bytes, str]] = {}
+        decoded: dict[tuple[int, int], tuple[list[Any], list[Reply]]] = {}
+
+        def payload(chunk: Sequence[int]) -> tuple[bytes, str]:
+            if not isinstance(chunk, range):  # a cluster group's items: gathered
+                return (b"".join([digests[k] for k in chunk]),
+                        ",".join([owners[k] for k in chunk]) + ",")  # fmt: skip
+            key = (chunk.start, chunk.stop)
+            built = payloads.get(key)
+            if built is None:  # the whole batch in order: slice, do not gather
+                built = payloads[key] = (
+                    b"".join(digests[chunk.start : chunk.stop]),
+                    ",".join(owners[chunk.start : chunk.stop]) + ",",
+                )
+            return built
 
         def plan(epoch_id: str, group: Group, items: Sequence[int]) -> Planned:
             head = [*group.layout, epoch_id, width]
             planned: Planned = []
             for chunk in chunks(items):
-                if isinstance(chunk, range):  # the whole batch in order: slice, do not gather
-                    blob = b"".join(digests[chunk.start : chunk.stop])
-                    tokens = ",".join(owners[chunk.start : chunk.stop])
-                else:
-                    blob = b"".join([digests[k] for k in chunk])
-                    tokens = ",".join([owners[k] for k in chunk])
-                planned.append((("claim", [group.meta], [*head, blob, tokens + ","]), chunk))
+                blob, tokens = payload(chunk)
+                planned.append((("claim", [group.meta], [*head, blob, tokens]), chunk))
             return planned
+
+        def readable(positions: Sequence[int], result: list[Any]) -> list[Reply]:
+            """The chunk's replies with the other owners' tokens as text."""
+            if result.count(MINE) == len(result):
+                return result
+            if not isinstance(positions, range):
+                return [r if r == MINE else r.decode() for r in result]
+            key = (positions.start, positions.stop)
+            seen = decoded.get(key)
+            if seen is not None and seen[0] == result:
+                return seen[1]
+            text: list[Reply] = [r if r == MINE else r.decode() for r in result]
+            decoded[key] = (result, text)
+            return text
 
         async def one(inst: MemberLink) -> list[Reply]:
             if inst.epoch is None or inst.paused:  # what it would answer could not be counted
@@ -278,11 +305,8 @@ class Quorum:
             results = await self._via(inst).grouped(inst, "claim", digests, partial(plan, epoch_id))
             replies: list[Reply] = [None] * n
             for positions, result in results:
-                if result is None:
-                    continue
-                if result.count(MINE) != len(result):  # some held by others: decode those
-                    result = [r if r == MINE else r.decode() for r in result]
-                place(replies, positions, result)
+                if result is not None:
+                    place(replies, positions, readable(positions, result))
             return replies
 
         out = list(await asyncio.gather(*(one(inst) for inst in self.members)))

@@ -27,7 +27,7 @@ from gateway.contract.records import (
     quarantine_record,
     source_ref,
 )
-from gateway.contract.tokens import mark_digest, owner_tokens
+from gateway.contract.tokens import mark_digests, owner_tokens
 from gateway.delay.coalescer import Coalescer
 from gateway.delay.router import Router
 from gateway.errors import BadRecord
@@ -37,7 +37,9 @@ from gateway.quorum.quorum import Quorum
 from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
 from gateway.rules.ids import build_extractor
 from gateway.rules.lanes import lane_headers
-from gateway.rules.vote import MINE, TOOK_OVER, Outcome, decide, holder
+from gateway.rules.vote import MINE, TOOK_OVER, Outcome, Reply, decide, holder
+
+FORWARD, DUPLICATE = Outcome.FORWARD, Outcome.DUPLICATE
 
 logger = logging.getLogger(__name__)
 
@@ -223,41 +225,61 @@ class Pipeline:
             return []
         if not self.settings.dedup.enabled:
             return [Outcome.FORWARD] * len(ids)
-        digests = list(map(mark_digest, ids))
+        digests = mark_digests(ids)
         replies = await self.quorum.claim(digests, owners)
         counted = self.quorum.counted()
         masked = not all(counted)  # a recovering member answers, but its answers do not count
         quorum, trusted = self.quorum.majority, sum(counted)
-        outcomes: list[Outcome] = []
         repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
         fills: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
-        size, all_mine = len(replies), (MINE,) * len(replies)
-        for digest, owner, row in zip(digests, owners, zip(*replies, strict=True), strict=True):
-            if not masked:  # the common cases need no counting, and leave nothing to repair
-                if row == all_mine:
-                    outcomes.append(Outcome.FORWARD)
-                    continue
-                held = row[0]
-                if type(held) is str and held[0] != TOOK_OVER and row.count(held) == size:
-                    outcomes.append(Outcome.DUPLICATE)  # one other owner (or tombstone)
-                    continue
+
+        def settle(k: int, row: Sequence[Reply]) -> Outcome:
+            """Record k by the rule (`decide`), with its repairs and fills."""
+            owner = owners[k]
             votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
             decision = decide(owner, votes, quorum, trusted)
-            outcomes.append(decision.outcome)
-            if decision.winner is None:
-                continue
-            for i, reply in enumerate(row):
-                if reply is None:
-                    fills[i].append((digest, decision.winner, owner))
-                    continue
-                seen = holder(owner, reply)
-                if seen != decision.winner:
-                    repairs[i].append((digest, seen, decision.winner))
+            if decision.winner is not None:
+                for i, reply in enumerate(row):
+                    if reply is None:
+                        fills[i].append((digests[k], decision.winner, owner))
+                        continue
+                    seen = holder(owner, reply)
+                    if seen != decision.winner:
+                        repairs[i].append((digests[k], seen, decision.winner))
+            return decision.outcome
+
+        # The common cases need no counting, and leave nothing to repair: a record every
+        # counted member holds for it is forwarded, one every member holds for one
+        # other owner (a live one or a tombstone, not taken over) is a duplicate.
+        size = len(replies)
+        first = replies[0]
+        if not masked and replies.count(first) == size:  # every member answered alike
+            outcomes: list[Outcome | None] = [
+                FORWARD if r == MINE else DUPLICATE if type(r) is str and r[0] != TOOK_OVER
+                else None for r in first
+            ]  # fmt: skip
+            if None in outcomes:  # no answer, or taken over a tombstone: by the rule
+                for k, outcome in enumerate(outcomes):
+                    if outcome is None:
+                        outcomes[k] = settle(k, (first[k],) * size)
+        else:
+            outcomes = []
+            all_mine = (MINE,) * size
+            for k, row in enumerate(zip(*replies, strict=True)):
+                if not masked:
+                    if row == all_mine:
+                        outcomes.append(FORWARD)
+                        continue
+                    held = row[0]
+                    if type(held) is str and held[0] != TOOK_OVER and row.count(held) == size:
+                        outcomes.append(DUPLICATE)
+                        continue
+                outcomes.append(settle(k, row))
         if any(repairs):
             await self.quorum.repair(repairs)
         if any(fills):
             self.quorum.queue_fills(fills)
-        return outcomes
+        return cast(list[Outcome], outcomes)  # every None was settled
 
     async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:
         """Produce and wait for the broker's acknowledgement of every record."""
