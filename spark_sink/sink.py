@@ -69,8 +69,8 @@ from spark_sink.handlers import REASONS_SHOWN, Handler, check_result, warn_if_mo
 from spark_sink.transforms import (
     REASON,
     all_failed,
+    ok_rows,
     release_command,
-    split_results,
     with_id_bytes,
 )
 
@@ -414,8 +414,7 @@ class BatchSink:
         seen, outcome = Observation("dedup_sink_input"), Observation("dedup_sink_outcomes")
         fingerprint_columns, summary = batch_columns(records.sparkSession)
         results = with_id_bytes(handler(records.observe(seen, *fingerprint_columns)))
-        ok, _ = split_results(results.observe(outcome, *summary))
-        self.stage_output(ok, uri)
+        self.stage_output(ok_rows(results.observe(outcome, *summary)), uri)
         fingerprint, counts = _observed(seen), _observed(outcome)
         if fingerprint is None:  # the handler's plan cut its input out (e.g. `limit(0)`)
             fingerprint = dict(zip("nx", input_fingerprint(records)[1].split(":"), strict=True))
