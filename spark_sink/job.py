@@ -43,10 +43,14 @@ KAFKA_CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 # A stateful query plans one state store per shuffle partition: Spark's 200 is
 # far too many for one small topic. After each batch with data Spark would run one
 # without, only to expire the delivery dedup's state (0.5-0.8 s measured here): the
-# next batch with data expires it as well. Set spark.conf to override either.
+# next batch with data expires it as well. PySpark's DataFrame debugging records the
+# Python call site of every DataFrame and column function, several py4j round trips
+# each (0.1 s of a one-record batch here); without it an analysis error names the
+# failing expression but not the Python line. Set spark.conf to override any of them.
 DEFAULT_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 # Spark's default checkpoint file manager renames through Hadoop's FileContext, which on
 # a local file system without Hadoop's native library forks `readlink` for every rename

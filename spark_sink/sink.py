@@ -69,8 +69,8 @@ from spark_sink.handlers import REASONS_SHOWN, Handler, check_result, warn_if_mo
 from spark_sink.transforms import (
     REASON,
     all_failed,
+    ok_rows,
     release_command,
-    split_results,
     with_id_bytes,
 )
 
@@ -116,18 +116,17 @@ class CheckpointFiles:
     def __init__(self, spark: SparkSession, root: str) -> None:
         jvm: Any = spark._jvm
         jsc: Any = spark._jsc
-        self._jvm = jvm
+        # Looked up once: each step of `jvm.org.apache...` is a round trip over py4j.
+        self._path_class: Any = jvm.org.apache.hadoop.fs.Path
         self.root = root.rstrip("/") or "/"
-        self._fs: Any = jvm.org.apache.hadoop.fs.Path(self.root).getFileSystem(
-            jsc.hadoopConfiguration()
-        )
+        self._fs: Any = self._path_class(self.root).getFileSystem(jsc.hadoopConfiguration())
 
     def uri(self, relative: str) -> str:
         """The URI of `relative` (slash-separated) under the root."""
         return f"{self.root}/{relative}"
 
     def _path(self, relative: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(self.uri(relative))
+        return self._path_class(self.uri(relative))
 
     def exists(self, relative: str) -> bool:
         return bool(self._fs.exists(self._path(relative)))
@@ -140,13 +139,8 @@ class CheckpointFiles:
             return None
         stream = self._fs.open(path)
         try:
-            reader = self._jvm.java.io.BufferedReader(
-                self._jvm.java.io.InputStreamReader(stream, "UTF-8")
-            )
-            lines: list[str] = []
-            while (line := reader.readLine()) is not None:
-                lines.append(line)
-            return "\n".join(lines)
+            # One call over py4j (not one a line); bytes that are not UTF-8 read as U+FFFD.
+            return bytes(stream.readAllBytes()).decode(errors="replace")
         except Py4JJavaError as exc:
             if exc.java_exception.getClass().getName() == CHECKSUM_EXCEPTION:
                 logger.warning("%s fails its checksum; treating it as absent", self.uri(relative))
@@ -193,11 +187,40 @@ def _fingerprint_columns() -> tuple[Column, Column]:
     )
 
 
+def _summary_columns() -> tuple[Column, ...]:
+    """The outcomes of a handler's result (with dedup_id_bytes, `with_id_bytes`): counts,
+    the failed rows' release commands and the first and last failure reasons."""
+    failed = F.col(REASON).isNotNull()
+    return (
+        F.count_if(~failed).alias("ok"),
+        F.count_if(failed).alias("failed"),
+        # collect_list skips nulls: the commands of the failed rows that can be released.
+        F.collect_list(release_command()).alias("commands"),
+        F.min(F.when(failed, F.col(REASON))).alias("first_reason"),
+        F.max(F.when(failed, F.col(REASON))).alias("last_reason"),
+    )
+
+
+# The columns every batch's plan uses, built once per SparkContext (the one they belong
+# to, the fingerprint's, the summary's): each pyspark function call and each step of a
+# JVM class name is a round trip over py4j (about 1,400 of them a batch, 0.2 s of a
+# one-record batch, before these were built once; docs/spark-performance.md).
+_batch_columns: tuple[Any, tuple[Column, ...], tuple[Column, ...]] | None = None
+
+
+def batch_columns(spark: SparkSession) -> tuple[tuple[Column, ...], tuple[Column, ...]]:
+    """(the input fingerprint's columns, the outcomes' summary columns) for `spark`."""
+    global _batch_columns
+    if _batch_columns is None or _batch_columns[0] is not spark.sparkContext:
+        _batch_columns = (spark.sparkContext, _fingerprint_columns(), _summary_columns())
+    return _batch_columns[1], _batch_columns[2]
+
+
 def input_fingerprint(records: DataFrame) -> tuple[int, str]:
     """(count, fingerprint) of a batch's records, in one pass. The fingerprint is
     `<count>:<xor of xxhash64(topic, partition, offset)>`: equal for a re-run of the
     batch (same offsets, same dedup state); a marker with another is not this batch's."""
-    row = records.select(*_fingerprint_columns()).first()
+    row = records.select(*batch_columns(records.sparkSession)[0]).first()
     assert row is not None  # a global aggregate always has one row
     return int(row.n), f"{row.n}:{row.x}"
 
@@ -270,7 +293,7 @@ def storable(results: DataFrame) -> DataFrame:
     """`results` with a string `reason` and no void (NullType) column, so Parquet takes it:
     `F.lit(None)` without a cast is a void column."""
     for f in results.schema.fields:
-        if f.name == REASON or isinstance(f.dataType, NullType):
+        if (f.name == REASON and f.dataType != StringType()) or isinstance(f.dataType, NullType):
             results = results.withColumn(f.name, F.col(f.name).cast(StringType()))
     return results
 
@@ -293,15 +316,15 @@ class BatchSink:
     failure_alarm_share: float = 1.0
     _producer: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # (SparkContext, checkpoint files, output files): reused by the batches of one context.
+    _files: tuple[Any, CheckpointFiles, CheckpointFiles] | None = None
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         with self._lock:  # py4j may call back on different threads; batches are sequential
             self._process(records, batch_id)
 
     def _process(self, records: DataFrame, batch_id: int) -> None:
-        spark = records.sparkSession
-        files = CheckpointFiles(spark, str(self.checkpoint_dir))
-        out = CheckpointFiles(spark, str(self.output_path))
+        files, out = self._reuse(records.sparkSession)
         stored = self.outcomes(records, batch_id, files, out)
         if stored.records == 0:
             return
@@ -321,6 +344,16 @@ class BatchSink:
             "batch %d: %d records, %d written, %d failed, %d release commands",
             batch_id, stored.records, stored.ok, stored.failed, published,
         )  # fmt: skip
+
+    def _reuse(self, spark: SparkSession) -> tuple[CheckpointFiles, CheckpointFiles]:
+        """(checkpoint files, output files), built once per SparkContext."""
+        if self._files is None or self._files[0] is not spark.sparkContext:
+            self._files = (
+                spark.sparkContext,
+                CheckpointFiles(spark, str(self.checkpoint_dir)),
+                CheckpointFiles(spark, str(self.output_path)),
+            )
+        return self._files[1], self._files[2]
 
     @staticmethod
     def pending(batch_id: int) -> str:
@@ -379,18 +412,9 @@ class BatchSink:
     def _store(self, records: DataFrame, handler: Handler, uri: str) -> StoredOutcomes:
         # Fresh observations each attempt: one a failed write never filled would block get.
         seen, outcome = Observation("dedup_sink_input"), Observation("dedup_sink_outcomes")
-        failed = F.col(REASON).isNotNull()
-        results = with_id_bytes(handler(records.observe(seen, *_fingerprint_columns())))
-        summary = (
-            F.count_if(~failed).alias("ok"),
-            F.count_if(failed).alias("failed"),
-            # collect_list skips nulls: the commands of the failed rows that can be released.
-            F.collect_list(release_command()).alias("commands"),
-            F.min(F.when(failed, F.col(REASON))).alias("first_reason"),
-            F.max(F.when(failed, F.col(REASON))).alias("last_reason"),
-        )
-        ok, _ = split_results(results.observe(outcome, *summary))
-        self.stage_output(ok, uri)
+        fingerprint_columns, summary = batch_columns(records.sparkSession)
+        results = with_id_bytes(handler(records.observe(seen, *fingerprint_columns)))
+        self.stage_output(ok_rows(results.observe(outcome, *summary)), uri)
         fingerprint, counts = _observed(seen), _observed(outcome)
         if fingerprint is None:  # the handler's plan cut its input out (e.g. `limit(0)`)
             fingerprint = dict(zip("nx", input_fingerprint(records)[1].split(":"), strict=True))

@@ -142,10 +142,13 @@ def split_results(results: DataFrame) -> tuple[DataFrame, DataFrame]:
     `dedup_reasons` (failure history, carried by release commands) and
     `dedup_id_bytes` (carried by release commands; the output keeps its schema).
     """
-    failed = results.where(F.col(REASON).isNotNull())
+    return ok_rows(results), results.where(F.col(REASON).isNotNull())
+
+
+def ok_rows(results: DataFrame) -> DataFrame:
+    """The ok rows of a handler's result, as `split_results` gives them."""
     ok = results.where(F.col(REASON).isNull())
-    ok = ok.drop(REASON, "dedup_token", "dedup_reasons", ID_BYTES)
-    return ok, failed
+    return ok.drop(REASON, "dedup_token", "dedup_reasons", ID_BYTES)
 
 
 def all_failed(records: DataFrame, reason: str) -> DataFrame:
