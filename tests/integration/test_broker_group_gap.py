@@ -13,6 +13,7 @@ is one request and its answer, in order: no timing decides the outcome.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import MemberIdRequired, RebalanceInProgressError
@@ -41,24 +42,37 @@ async def _formed_group(broker: str, group: str, topic: str) -> GroupMember:
     return leader
 
 
+async def _left_while_rebalancing(
+    broker: str, group: str, topic: str
+) -> tuple[GroupMember, GroupMember]:
+    """A formed group's leader leaves just after a new member's first join (its
+    MEMBER_ID_REQUIRED) started a rebalance, as a gateway stopping then does: the
+    leader (closed) and the other member (still open)."""
+    leader = await _formed_group(broker, group, topic)
+    other = GroupMember(broker, group, topic, "other")
+    await other.start()
+    assert (await other.join()).error_code == MemberIdRequired.errno
+    await leader.leave()
+    await leader.close()
+    return leader, other
+
+
+async def _newcomer(broker: str, group: str, topic: str) -> tuple[GroupMember, Any]:
+    """A new member that joined (both joins of KIP-394), and its JoinGroup response."""
+    newcomer = GroupMember(broker, group, topic, "newcomer")
+    await newcomer.start()
+    await newcomer.join()
+    return newcomer, await newcomer.join()
+
+
 async def test_a_leader_that_leaves_a_rebalancing_group_stays_its_leader(
     broker: str, names: Callable[[str], str]
 ) -> None:
     group, topic = names("gap-group"), names("gap-topic")
     await _topic(broker, topic)
-    leader = await _formed_group(broker, group, topic)
-    other = GroupMember(broker, group, topic, "other")
-    await other.start()
-    # A new member's first join (MEMBER_ID_REQUIRED) starts a rebalance ...
-    assert (await other.join()).error_code == MemberIdRequired.errno
-    # ... and the leader leaves before it noticed, as a gateway stopping then does.
-    await leader.leave()
-    await leader.close()
-    newcomer = GroupMember(broker, group, topic, "newcomer")
-    await newcomer.start()
+    leader, other = await _left_while_rebalancing(broker, group, topic)
+    newcomer, joined = await _newcomer(broker, group, topic)
     try:
-        await newcomer.join()
-        joined = await newcomer.join()
         assert joined.leader_id == leader.member_id  # the member that left
         assert joined.leader_id not in (newcomer.member_id, other.member_id)
         # No member is the leader, so none gets an assignment; nothing evicts a
@@ -78,11 +92,8 @@ async def test_a_leader_that_leaves_a_formed_group_hands_the_lead_on(
     leader = await _formed_group(broker, group, topic)
     await leader.leave()
     await leader.close()
-    newcomer = GroupMember(broker, group, topic, "newcomer")
-    await newcomer.start()
+    newcomer, joined = await _newcomer(broker, group, topic)
     try:
-        await newcomer.join()
-        joined = await newcomer.join()
         assert joined.leader_id == newcomer.member_id
         synced = await newcomer.sync({newcomer.member_id: [0, 1]})
         assert synced.error_code == 0
@@ -95,20 +106,12 @@ async def test_the_chaos_harness_clears_a_departed_leader(
 ) -> None:
     group, topic = names("gap-group"), names("gap-topic")
     await _topic(broker, topic)
-    leader = await _formed_group(broker, group, topic)
-    other = GroupMember(broker, group, topic, "other")
-    await other.start()
-    assert (await other.join()).error_code == MemberIdRequired.errno
-    await leader.leave()
-    await leader.close()
+    leader, other = await _left_while_rebalancing(broker, group, topic)
     await other.close()
     assert await clear_departed_leader(broker, group) == leader.member_id
     assert await clear_departed_leader(broker, group) is None  # nothing left to clear
-    newcomer = GroupMember(broker, group, topic, "newcomer")
-    await newcomer.start()
+    newcomer, joined = await _newcomer(broker, group, topic)
     try:
-        await newcomer.join()
-        joined = await newcomer.join()
         assert joined.leader_id == newcomer.member_id
     finally:
         await newcomer.close()
