@@ -21,7 +21,7 @@ async def set_paused(
     answer (run it again), 2 no such member."""
     quorum = Quorum(settings.redis, Metrics())
     try:
-        await quorum.refresh_epochs()
+        await quorum.refresh_epochs(patient=True)  # first contact: as at start (rebuild.py)
         target = next((i for i in quorum.members if i.name == member), None)
         names = [i.name for i in quorum.members]
         if target is None:

@@ -96,7 +96,9 @@ async def rebuild(
 
 async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress: Progress) -> int:
     names = [inst.name for inst in quorum.members]
-    await quorum.refresh_epochs()
+    # The first contact connects and loads the scripts (a cluster: its slot map too):
+    # patient, as at start, or a busy member is taken for one that does not answer.
+    await quorum.refresh_epochs(patient=True)
     target = _named(quorum, report.member)
     if target is None:
         report.error = f"no member {report.member!r}; members: {', '.join(names)}"
