@@ -112,6 +112,7 @@ class _Held:
     due_ms: int = field(compare=False)
     size: int = field(compare=False)
     problem: str | None = field(compare=False, default=None)  # unreadable: quarantine it
+    reason: str = field(compare=False, default="bad_tier_record")  # the problem's metric label
     window: bool = field(compare=False, default=False)  # coalesced: its close is decided
 
 
@@ -147,7 +148,7 @@ class DelayLoop:
         self.max_bytes = settings.kafka.max_request_bytes
         self.tiers = Tiers(settings)
         self.lead_ms = self.tiers.ms[0]
-        self.latest_due_ms = millis(settings.delay.max_delay) + CLOCK_SLACK_MS  # from now
+        self.max_delay_ms = millis(settings.delay.max_delay)
         self.lock = asyncio.Lock()  # a step (move, ack, commit) against a rebalance
         self.held: DueQueue[_Held] = DueQueue()  # by next step
         self.held_bytes = 0
@@ -276,10 +277,10 @@ class DelayLoop:
         size = _size(rec)
         try:
             due = _int_header(rec.headers, H_DELIVER_AT)
-            if due - now > self.latest_due_ms:
-                max_delay_s = (self.latest_due_ms - CLOCK_SLACK_MS) / 1000
-                return _Held(0, rec, 0, size, f"delay_too_long: due {(due - now) / 1000:.0f}s "
-                             f"from now; [delay] max_delay is {max_delay_s:.0f}s")  # fmt: skip
+            if due - now > self.max_delay_ms + CLOCK_SLACK_MS:
+                problem = (f"delay_too_long: due {(due - now) / 1000:.0f}s from now; "
+                           f"[delay] max_delay is {self.max_delay_ms / 1000:.0f}s")  # fmt: skip
+                return _Held(0, rec, 0, size, problem, reason="delay_too_long")
             step = next_step_ms(_int_header(rec.headers, H_TIER_AT), tier_ms, due)
             window = any(k == H_WINDOW for k, _ in rec.headers)
             if window and self.closer is None:
@@ -325,8 +326,9 @@ class DelayLoop:
         while (held := self.held.pop_due(now)) is not None:
             rec = held.record
             if held.problem is not None:
-                reason = held.problem.split(":", 1)[0]
-                moves[self.quarantine_topic].append(self._quarantined(rec, held.problem, reason))
+                moves[self.quarantine_topic].append(
+                    self._quarantined(rec, held.problem, held.reason)
+                )
             elif held.due_ms <= now and held.window:
                 closing.append(held)  # its window's close is decided below
                 continue
