@@ -3,8 +3,7 @@
 A mark says "this id was claimed by that source record": the digest of the id
 mapped to an owner token. Marks are stored in hash buckets, not one key each:
 
-    <prefix>m:<slice>:<shard>   hash   field <digest>  ->  value <owner token>;
-                                       field `~` -> the older-slice filter (below)
+    <prefix>m:<slice>:<shard>   hash   field <digest>  ->  value <owner token>
     <prefix>slice               hash   id -> current slice, ends -> its end (ms),
                                        buckets:<slice> -> that slice's bucket count
                                        first -> the oldest slice id that may hold
@@ -14,9 +13,6 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
                                        slice: what its ledger's bits stand for),
                                        live -> `<id>:<older ids>,`, the older
                                        slices to search (below)
-                                       unfiltered:<slice> -> present when a
-                                       rebuild added marks to an older slice
-                                       after that slice opened (below)
     <prefix>x:<slice>           string the slice's expiry ledger: bit i set
                                        when bucket i has its expiry (below)
     <prefix>h:<digest>          string the failure command that last handed
@@ -94,21 +90,6 @@ given a new, recovering epoch (gateway/quorum/epochs.py, `_spread`).
   and a mark written there again would have no expiry): the one script that
   removes a field from a current slice's bucket is a claim undoing the field
   it just added, which empties only a bucket it created, whose bit is unset.
-- The older-slice filter: the first claim that writes to a bucket of the
-  current slice stores in it, as field `~`, a 64-byte Bloom filter (two bits
-  per mark) of the marks the older live slices hold for that bucket; a new id
-  whose bits are not both set is not looked up in the older slices. Those two
-  lookups of cold buckets were half of a new id's Redis CPU (bench/RESULTS.md,
-  "The older-slice filter"). It can miss nothing: an older slice gets no new
-  fields once a newer one is open (claims, fills and handovers write into
-  the current slice; releases and repairs rewrite a value in place), except
-  a rebuild's import, which sets `unfiltered:<current slice>` and so turns
-  the filters of that slice off; a slice whose older ones have another
-  bucket count stores `*` (search always), since their marks are not grouped
-  by its buckets. A bucket written by a gateway from before the filter has
-  none until a claim of this version builds it. 64 bytes is
-  `hash-max-listpack-value`'s default: a lower setting turns every bucket
-  into a hash table (deploy/redis/redis.conf).
 
 Epochs: a member that restarts empty (or is flushed, or replaced) forgets
 its marks; counted in a vote it would call old ids new. Its epoch key says

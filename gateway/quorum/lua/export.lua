@@ -23,15 +23,13 @@ for _, slice in ipairs(slices) do
       if #all > 0 then
         local left = redis.call('PTTL', bucket)
         for j = 1, #all, 2 do
-          if all[j] ~= FILTER then  -- the older-slice filter is not a mark
-            local n, note = #out, prefix .. 'h:' .. all[j]
-            local by = redis.call('GET', note)
-            out[n + 1] = all[j]
-            out[n + 2] = all[j + 1]
-            out[n + 3] = left
-            out[n + 4] = by or ''
-            out[n + 5] = by and redis.call('PTTL', note) or -2
-          end
+          local n, note = #out, prefix .. 'h:' .. all[j]
+          local by = redis.call('GET', note)
+          out[n + 1] = all[j]
+          out[n + 2] = all[j + 1]
+          out[n + 3] = left
+          out[n + 4] = by or ''
+          out[n + 5] = by and redis.call('PTTL', note) or -2
         end
       end
       budget = budget - 1 - #all / 2

@@ -30,9 +30,6 @@ local notes, note_lefts = string.gmatch(note_list, '([^,]+),'), string.gmatch(no
 local function slice_back(k, expires)
   local s = cur - k
   if k > 0 then
-    -- A mark added to an older slice: the current slice's filters, built
-    -- without it, are not trusted any more (prelude.lua, the older-slice filter).
-    redis.call('HSET', meta, 'unfiltered:' .. cur, 1)
     local known = tonumber(redis.call('HGET', meta, 'expires:' .. s))
     if not known or known < expires then redis.call('HSET', meta, 'expires:' .. s, fmt('%d', expires)) end
   end

@@ -74,7 +74,6 @@ local function still_live(id, older, now)
     else
       gone[#gone + 1] = 'buckets:' .. s
       gone[#gone + 1] = 'expires:' .. s
-      gone[#gone + 1] = 'unfiltered:' .. s
     end
   end
   if #gone > 0 then redis.call('HDEL', meta, unpack(gone)) end
@@ -134,78 +133,6 @@ local function find(slices, digest, h, from)
   return nil, false
 end
 
--- The older-slice filter (gateway/quorum/keys.py): field FILTER of a bucket in the
--- current slice, 512 bits (a Bloom filter, two bits per mark: `filter_bits`),
--- set for every mark the older slices held for that bucket when the filter was
--- built, on the bucket's first claim in the slice. 64 bytes: the largest value
--- a hash keeps compact (`hash-max-listpack-value`). A new id whose bit is 0 is not searched for
--- in the older slices: those lookups were half of a new id's Redis CPU (each
--- reads a bucket nobody touched since its slice ended). Older slices get no new
--- marks once a newer one is open, except by a rebuild's import, which sets
--- `unfiltered:<slice>` in the meta: that slice's filters are then not trusted.
--- A slice whose older ones have another bucket count gets '*': search always.
-local FILTER, FILTER_BYTES = '~', 64
-
--- A digest's two bits in a filter, from its bytes 4-7 (its first 3 name its
--- bucket): byte 4 (or 6) picks a filter byte and half a bit, byte 5's (or 7's)
--- top bit the other half. As tables, so a filter is built with little Lua work
--- per mark (a build reads two older buckets, ~64 marks).
-local FILTER_AT, FILTER_LOW, FILTER_HIGH = {}, {}, {}
-for v = 0, 255 do
-  FILTER_AT[v] = v % FILTER_BYTES + 1
-  FILTER_LOW[v] = 2 ^ math.floor(v / FILTER_BYTES)
-  FILTER_HIGH[v] = 2 ^ (math.floor(v / FILTER_BYTES) + 4)
-end
-
-local function build_filter(slices, bucket, h)
-  local count = slices[1][2]
-  local bytes = {}
-  for j = 1, FILTER_BYTES do bytes[j] = 0 end
-  local byte, bor = string.byte, bit.bor
-  for k = 2, #slices do
-    if slices[k][2] ~= count then
-      redis.call('HSET', bucket, FILTER, '*')
-      return '*'
-    end
-    local fields = redis.call('HKEYS', (bucket_of(slices[k], h)))
-    for j = 1, #fields do
-      local a, b, c, d = byte(fields[j], 4, 7)
-      if d then  -- a digest, not another bucket's filter
-        local at = FILTER_AT[a]
-        bytes[at] = bor(bytes[at], b >= 128 and FILTER_HIGH[a] or FILTER_LOW[a])
-        at = FILTER_AT[c]
-        bytes[at] = bor(bytes[at], d >= 128 and FILTER_HIGH[c] or FILTER_LOW[c])
-      end
-    end
-  end
-  local filter = string.char(unpack(bytes))
-  redis.call('HSET', bucket, FILTER, filter)
-  return filter
-end
-
--- Whether an older slice may hold `digest`, whose current-slice bucket (just
--- written to by this claim) is `bucket`. A build costs about three new ids'
--- lookups (two older buckets read whole); early in a slice nearly every claim
--- would build one, so a call builds at most FILTER_BUILDS and searches the
--- older slices for the rest, as before the filter: a chunk early in a slice
--- then costs ~25% more, not ~3 times (bench/RESULTS.md, "The older-slice filter").
-local FILTER_BUILDS = 48
-
-local function older_may_hold(slices, bucket, digest, h, ledger)
-  if #slices < 2 then return false end
-  if not ledger.filtered then return true end
-  local filter = redis.call('HGET', bucket, FILTER)
-  if not filter then
-    ledger.builds = ledger.builds + 1
-    if ledger.builds > FILTER_BUILDS then return true end
-    filter = build_filter(slices, bucket, h)
-  end
-  if filter == '*' then return true end
-  local a, b, c, d = string.byte(digest, 4, 7)
-  return bit.band(string.byte(filter, FILTER_AT[a]), b >= 128 and FILTER_HIGH[a] or FILTER_LOW[a]) ~= 0
-     and bit.band(string.byte(filter, FILTER_AT[c]), d >= 128 and FILTER_HIGH[c] or FILTER_LOW[c]) ~= 0
-end
-
 -- Make `bucket` expire at `at` unless it already expires then or later. A
 -- bucket just created has no expiry, and one that got its expiry before `ttl`
 -- was raised expires too early: a mark written now must live `ttl` (raising
@@ -227,14 +154,13 @@ end
 local function ledger_of(slices, at)
   local id = slices[1][3]
   local key, field = fmt('%sx:%d', prefix, id), 'expires:' .. id
-  local got = redis.call('HMGET', meta, field, 'unfiltered:' .. id)
-  local since, filtered = tonumber(got[1]), not got[2]
+  local since = tonumber(redis.call('HGET', meta, field))
   if since and at <= since then
-    return {key = key, at = since, bits = redis.call('GET', key) or '', done = {}, filtered = filtered, builds = 0}
+    return {key = key, at = since, bits = redis.call('GET', key) or '', done = {}}
   end
   if since then redis.call('DEL', key) end
   redis.call('HSET', meta, field, fmt('%d', at))
-  return {key = key, at = at, bits = '', done = {}, filtered = filtered, builds = 0}
+  return {key = key, at = at, bits = '', done = {}}
 end
 
 -- Make bucket `index` of the current slice, `bucket`, expire with its slice;
@@ -267,16 +193,15 @@ local function claim(slices, digest, owner, now, ledger)
   local bucket, index = bucket_of(slices[1], h)
   local held
   if redis.call('HSETNX', bucket, digest, owner) == 1 then
-    -- The bucket now holds this mark or the filter, so it is never left empty
-    -- (and deleted by Redis) while the ledger says it exists.
-    expire(ledger, bucket, index, now)
-    local older = false
-    if older_may_hold(slices, bucket, digest, h, ledger) then
-      local _
-      _, older = find(slices, digest, h, 2)
+    local _, older = find(slices, digest, h, 2)
+    if not older then
+      expire(ledger, bucket, index, now)
+      return 1
     end
-    if not older then return 1 end
-    if released(older) and older ~= '-' .. owner then return '=' .. string.sub(older, 2) end
+    if released(older) and older ~= '-' .. owner then
+      expire(ledger, bucket, index, now)
+      return '=' .. string.sub(older, 2)
+    end
     redis.call('HDEL', bucket, digest)
     held = older
   else
