@@ -295,14 +295,23 @@ async def test_a_mark_costs_a_fraction_of_a_key_per_id_and_big_buckets_still_wor
 ) -> None:
     # The numbers quoted in docs/operations.md ("Sizing Redis") come from here.
     # ~32 marks per bucket, the sizing guide's: about half the Redis CPU per new id of
-    # ~300 per bucket for a few bytes more per mark (bench/RESULTS.md, "The mark store
-    # at steady state").
+    # ~300 per bucket, for about the same bytes per mark (bench/RESULTS.md, "The mark
+    # store at steady state" and "Issue 32, last round").
     compact = await bytes_per_mark(quorum_on(buckets=625), digests("mem", 20_000), "listpack")
-    assert compact < 45, f"{compact:.1f} bytes per mark"
     large = await bytes_per_mark(quorum_on(buckets=64), digests("large", 20_000), "listpack")
-    assert large < compact < 45, f"{large:.1f} at ~300 per bucket, {compact:.1f} at ~32"
+    # ~300 per bucket is no smaller: 22.9 bytes at ~32, 23.9-24.1 at ~300 (four runs,
+    # bench/RESULTS.md, "Issue 32, last round").
+    assert compact < 45 and large < 45, f"{large:.1f} at ~300 per bucket, {compact:.1f} at ~32"
     crowded = await bytes_per_mark(quorum_on(buckets=1), digests("big", 3000), "hashtable")
     assert 60 < crowded < 110, f"{crowded:.1f} bytes per mark"
+
+
+async def held(redis: aioredis.Redis) -> int:
+    """Redis memory less its clients' buffers: a claim call's arguments stay in the
+    connection's query buffer until Redis trims it (when the connection idles), which
+    otherwise counted ~3 bytes per mark in some runs and not in others."""
+    stats = await redis.memory_stats()
+    return int(stats["total.allocated"]) - int(stats["clients.normal"])
 
 
 async def bytes_per_mark(quorum: Quorum, ids: list[bytes], encoding: str) -> float:
@@ -317,11 +326,11 @@ async def bytes_per_mark(quorum: Quorum, ids: list[bytes], encoding: str) -> flo
     owner = owner_token("raw", 0, 1)  # 19 digits, as in production
     warm = digests("warm-up", 2000)
     assert await quorum.claim(warm, [owner] * len(warm)) == [[MINE] * len(warm)]
-    before = (await redis.info("memory"))["used_memory"]
+    before = await held(redis)
     for start in range(0, len(ids), 2000):
         batch = ids[start : start + 2000]
         assert await quorum.claim(batch, [owner] * len(batch)) == [[MINE] * len(batch)]
-    grown = (await redis.info("memory"))["used_memory"] - before
+    grown = await held(redis) - before
     assert await quorum.claim(ids[:100], ["2"] * 100) == [[owner] * 100]
     (view,) = await quorum.inspect(ids[-1])
     assert view == MarkView(owner, view.ttl_ms, encoding, None) and view.ttl_ms > 0
