@@ -28,7 +28,7 @@ async def set_paused(
     patient = max(settings.redis.timeout, timedelta(seconds=FIRST_CONTACT_S))
     quorum = Quorum(settings.redis.model_copy(update={"timeout": patient}), Metrics())
     try:
-        await quorum.refresh_epochs(patient=True)  # first contact: as at start (rebuild.py)
+        await quorum.refresh_epochs()  # its timeout is already a first contact's
         target = next((i for i in quorum.members if i.name == member), None)
         names = [i.name for i in quorum.members]
         if target is None:
