@@ -9,16 +9,15 @@ from gateway.config import Settings
 from gateway.contract.records import source_ref
 from gateway.contract.tokens import is_released, mark_digest
 from gateway.delay.scan import Scan, find_waiting
-from gateway.metrics import Metrics
+from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import Output, id_fields, print_json, table, ttl_text, when_text
 from gateway.progress import Progress
 from gateway.quorum.admin import MarkView
-from gateway.quorum.quorum import Quorum
 
 
 async def inspect(settings: Settings, message_id: bytes, output: Output = "text") -> int:
     """Print each member's mark for `message_id`: owner token, TTL, bucket encoding."""
-    quorum = Quorum(settings.redis, Metrics())
+    quorum = command_quorum(settings.redis)
     digest = mark_digest(message_id)
     try:
         views = await quorum.inspect(digest)

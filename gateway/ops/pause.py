@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from gateway.config import Settings
-from gateway.metrics import Metrics
+from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import Output, print_json
-from gateway.quorum.epochs import FIRST_CONTACT_S
-from gateway.quorum.quorum import (
-    Quorum,
-)
 
 
 async def set_paused(
@@ -22,13 +16,9 @@ async def set_paused(
     a majority of trusted members answering is refused unless `force`: every
     partition would block. Exit code 0 done, 1 refused or some key group did not
     answer (run it again), 2 no such member."""
-    # An operator's command waits as a first contact does, not as a vote: a member
-    # busy past the data path's `[redis] timeout` (a cluster member takes one pause
-    # call per key group) was reported as not answering (a loaded test run).
-    patient = max(settings.redis.timeout, timedelta(seconds=FIRST_CONTACT_S))
-    quorum = Quorum(settings.redis.model_copy(update={"timeout": patient}), Metrics())
+    quorum = command_quorum(settings.redis)  # a cluster member: one call per key group
     try:
-        await quorum.refresh_epochs()  # its timeout is already a first contact's
+        await quorum.refresh_epochs()
         target = next((i for i in quorum.members if i.name == member), None)
         names = [i.name for i in quorum.members]
         if target is None:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from gateway.config import Settings
-from gateway.metrics import Metrics
+from gateway.ops.command_quorum import command_quorum
 from gateway.progress import Progress
 from gateway.quorum.admin import Imported
 from gateway.quorum.keys import EPOCH_TRUSTED
@@ -80,7 +80,7 @@ async def rebuild(
     epoch trusted. `dry_run`: count what would be copied, write nothing. `output`:
     "text" or "json"; `progress`: where marks read are counted as they go. Returns the
     exit code: 0 done, 1 failed, 2 bad arguments."""
-    quorum = Quorum(settings.redis, Metrics())
+    quorum = command_quorum(settings.redis)
     report = Report(member, [], dry_run)
     progress = progress or Progress("rebuild")
     try:
@@ -96,9 +96,7 @@ async def rebuild(
 
 async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress: Progress) -> int:
     names = [inst.name for inst in quorum.members]
-    # The first contact connects and loads the scripts (a cluster: its slot map too):
-    # patient, as at start, or a busy member is taken for one that does not answer.
-    await quorum.refresh_epochs(patient=True)
+    await quorum.refresh_epochs()  # command_quorum: as patient as a first contact
     target = _named(quorum, report.member)
     if target is None:
         report.error = f"no member {report.member!r}; members: {', '.join(names)}"

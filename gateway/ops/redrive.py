@@ -12,7 +12,7 @@ from gateway.contract.records import H_ID, H_SOURCE, PREFIX, Record, parse_sourc
 from gateway.contract.replies import RELEASED
 from gateway.contract.tokens import dead_token, mark_digest
 from gateway.kafka.clients import build_consumer, build_producer, partitions_of
-from gateway.metrics import Metrics
+from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import Output, id_fields, print_json
 from gateway.ops.release import would_release
 from gateway.progress import Progress
@@ -54,7 +54,7 @@ async def redrive(
     kafka = settings.kafka
     consumer = build_consumer(kafka, f"{kafka.group_id}.redrive")
     producer: AIOKafkaProducer = build_producer(kafka)
-    quorum = Quorum(settings.redis, Metrics())
+    quorum = command_quorum(settings.redis)
     run = _Redrive(settings, consumer, producer, quorum, dry_run, output == "text" and verbose)
     run.progress = progress or Progress("redrive")
     await consumer.start()

@@ -11,10 +11,9 @@ from gateway.contract.replies import (
     RELEASED_NOW,
 )
 from gateway.contract.tokens import TOMBSTONE, is_released, mark_digest
-from gateway.metrics import Metrics
+from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import Output, id_fields, print_json, table
 from gateway.quorum.admin import MarkView
-from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import release_decision
 
 
@@ -33,7 +32,7 @@ async def release(
     gateway would count it released (failures.release_decision: free on a majority,
     released on one at least; with `dry_run`: would be), 1 otherwise.
     """
-    quorum = Quorum(settings.redis, Metrics())
+    quorum = command_quorum(settings.redis)
     digest = mark_digest(message_id)
     try:
         if dry_run:

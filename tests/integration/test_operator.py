@@ -7,7 +7,9 @@ import base64
 import json
 import subprocess
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any, cast
 
 from devtools.harness import (
     Topics,
@@ -23,6 +25,8 @@ from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.cli import main
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
+from gateway.ops.inspect import inspect
+from gateway.ops.rebuild import rebuild
 from gateway.quorum.quorum import Quorum
 from tests.conftest import redis_urls
 
@@ -277,3 +281,34 @@ async def test_pause_is_refused_when_the_rest_are_no_majority_and_resume_counts_
     finally:
         await quorum.close()
     assert (await cli(config, "pause", "nowhere:1/0")).returncode == 2
+
+
+async def test_operator_commands_wait_for_a_member_busy_past_the_data_paths_timeout(
+    broker, redis_servers, names, capsys
+):
+    """A member the gateways keep busy answers an operator command late: the command
+    waits for it (gateway/ops/command_quorum.py) instead of taking it for one that
+    stopped answering (a rebuild failed so in a loaded CI run)."""
+    servers = redis_servers(3)
+    settings = make_settings(broker, Topics(names), redis_urls(servers))  # 300 ms timeout
+    async with running(settings):  # the members get their epochs
+        pass
+    busy = servers[1]
+
+    async def while_busy(command: Awaitable[int]) -> dict[str, Any]:
+        capsys.readouterr()
+        busy.pause()  # SIGSTOP: it answers nothing until resumed
+        try:
+            task = asyncio.ensure_future(command)
+            await asyncio.sleep(1.0)  # the fault's length: over three data-path timeouts
+            assert not task.done(), "the command did not wait for the busy member"
+        finally:
+            busy.resume()
+        assert await task == 0
+        return cast(dict[str, Any], json.loads(capsys.readouterr().out))
+
+    looked = await while_busy(inspect(settings, b"m-1", "json"))
+    assert [i["answered"] for i in looked["instances"]] == [True, True, True]
+    dry = await while_busy(rebuild(settings, servers[0].name_label, source=None,
+                                   dry_run=True, output="json"))  # fmt: skip
+    assert dry["error"] is None and dry["sources"] == [busy.name_label, servers[2].name_label]
