@@ -2,11 +2,21 @@
 
 The fill backlog (fills.py) lives in this process. So that a stop (SIGTERM,
 SIGKILL, a deploy) cannot leave a member silently without marks it missed,
-the first time fills are queued for a member this gateway run writes on the
-members that answered a note, `<prefix>behind` field `<member>|<run id>`
-(lua/behind.lua), before the batch that missed it is committed. The note
-lasts two ttl and is written again every half ttl while the member keeps
-missing votes, so it outlives every mark the member missed (1.5 x ttl).
+once fills are queued for a member this gateway run writes on the other
+members that are up a note, `<prefix>behind` field `<member>|<run id>`
+(lua/behind.lua), before the batch that queued them is committed
+(`Quorum.note_behind`). The note lasts two ttl and is written again every
+half ttl while the run holds fills for the member, so it outlives every mark
+the member missed (1.5 x ttl).
+
+A note is written after the fills are queued, and cleared only while the
+member has none queued or in flight (`MemberLink.sending`), never while a
+note is being written: a clear between a vote's claims and its queued fills
+(the quorum's `watch` ran meanwhile) once deleted the note of a batch about
+to be committed, and a gateway killed after that commit left the member
+counted without its marks. A note that did not reach every other member that
+is up keeps the batch uncommitted (it is tried again); a clear that did not
+is tried again by the next.
 
 Every gateway reads the notes with the epochs (epochs.py): a member another
 run noted is *recovering* (not counted) until that run cleared its note
@@ -49,40 +59,74 @@ class Behind:
         self.every_s = ttl_ms / 2000  # written again this often while the member lags
         self.metrics = metrics
         self.noted: dict[str, float] = {}  # member name -> when this run last noted it
+        self.unsure: set[str] = set()  # members whose last note or clear some member missed
         self.dropped: set[str] = set()  # members whose fills were dropped since noted
+        self._one_at_a_time = asyncio.Lock()  # a clear never overtakes a note in flight
 
-    async def note(self, lagging: Sequence[MemberLink]) -> None:
-        """Note, on every other member that answers, that this run holds fills for
-        each of `lagging` (at most every half ttl per member)."""
-        now = time.monotonic()
-        due = [m for m in lagging if now - self.noted.get(m.name, -self.every_s) >= self.every_s]
-        if not due:
-            return
-        calls = []
-        for member in due:
-            if now - self.noted.get(member.name, now) > self.life_ms / 1000:
-                self.dropped.discard(member.name)  # the last note expired, and what it stood for
-            self.noted[member.name] = now
-            args = ["note", member.name, self.run_id, self.life_ms]
-            calls += [self._call(on, args) for on in self.links if on is not member and on.up]
-        await asyncio.gather(*calls)
+    def _due(self, member: MemberLink, now: float) -> bool:
+        last = self.noted.get(member.name)
+        return member.name in self.unsure or last is None or now - last >= self.every_s
+
+    async def note(self, lagging: Sequence[MemberLink]) -> bool:
+        """Note, on every other member that is up, that this run holds fills for each
+        of `lagging` (again every half ttl per member). Whether every note due got
+        there: if not, the batch that queued the fills must not be committed."""
+        if not any(self._due(m, time.monotonic()) for m in lagging):
+            return True
+        async with self._one_at_a_time:
+            now = time.monotonic()
+            due = [m for m in lagging if self._due(m, now)]
+            calls = []
+            for member in due:
+                if now - self.noted.get(member.name, now) > self.life_ms / 1000:
+                    self.dropped.discard(member.name)  # the last note expired, and its reason
+                args = ["note", member.name, self.run_id, self.life_ms]
+                calls += [self._call(on, args) for on in self.links if on is not member and on.up]
+            written = None not in await asyncio.gather(*calls)
+            for member in due:
+                if written:
+                    self.noted[member.name] = now
+                    self.unsure.discard(member.name)
+                else:
+                    self.unsure.add(member.name)
+            if not written:
+                logger.warning(
+                    "the note that Redis member(s) %s lack marks this gateway run holds did "
+                    "not reach every other member: the batch is not committed, and is tried "
+                    "again", ", ".join(m.name for m in due),
+                    extra={"redis": ", ".join(m.name for m in due)},
+                )  # fmt: skip
+            return written
+
+    def _clearable(self, member: MemberLink) -> bool:
+        noted = member.name in self.noted or member.name in self.unsure
+        idle = not member.backlog and not member.sending
+        return noted and idle and member.name not in self.dropped
 
     async def clear(self, member: MemberLink) -> None:
         """This run sent every fill it held for `member`: clear its note, unless
         some were dropped (the member lacks them until they expire)."""
-        if member.name not in self.noted or member.backlog or member.name in self.dropped:
+        if not self._clearable(member):
             return
-        del self.noted[member.name]
-        args = ["clear", member.name, self.run_id, 0]
-        await asyncio.gather(*(self._call(on, args) for on in self.links if on is not member))
+        async with self._one_at_a_time:
+            if not self._clearable(member):
+                return
+            self.noted.pop(member.name, None)
+            args = ["clear", member.name, self.run_id, 0]
+            calls = [self._call(on, args) for on in self.links if on is not member]
+            if None in await asyncio.gather(*calls):
+                self.unsure.add(member.name)  # the next clear (or note) tries again
+            else:
+                self.unsure.discard(member.name)
 
     async def forget(self, member: MemberLink) -> None:
         """Every run's notes about `member` (a rebuild completed it)."""
         args = ["forget", member.name, "", 0]
         await asyncio.gather(*(self._call(on, args) for on in self.links if on is not member))
 
-    async def _call(self, on: MemberLink, args: list[object]) -> None:
-        await self._via(on).run_script(on, "behind", [on.groups[0].prefix, *args])
+    async def _call(self, on: MemberLink, args: list[object]) -> object | None:
+        """The script's reply (1); None when `on` gave no answer."""
+        return await self._via(on).run_script(on, "behind", [on.groups[0].prefix, *args])
 
 
 def noted_by_others(notes: Sequence[object], now_ms: int, run_id: str) -> dict[str, set[str]]:

@@ -63,7 +63,11 @@ class Fills:
                     "".join(f"{fills[k][2]}," for k in items)]  # fmt: skip
             return [(("fill", [group.meta], args), items)]
 
-        results = await self._via(inst).grouped(inst, "fill", [f[0] for f in fills], plan)
+        inst.sending += 1  # until answered, the run's note that it is behind stays
+        try:
+            results = await self._via(inst).grouped(inst, "fill", [f[0] for f in fills], plan)
+        finally:
+            inst.sending -= 1
         missed = [fills[k] for positions, result in results if result is None for k in positions]
         if missed:
             self.queue(inst, missed, front=True)

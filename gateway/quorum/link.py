@@ -72,6 +72,7 @@ class MemberLink:
     paused: bool = False  # `dedup-gateway pause`: no claims, not counted
     down_groups: set[int] = field(default_factory=set)  # groups whose last call failed
     backlog: deque[Fill] = field(default_factory=deque)
+    sending: int = 0  # fill calls in flight (taken from the backlog, not yet answered)
     behind: set[str] = field(default_factory=set)  # other runs that noted it behind (behind.py)
     url: MemberUrl | None = None  # a cluster member's, for `nodes`
     nodes: dict[str, aioredis.Redis] = field(default_factory=dict)  # by node name: pipelines

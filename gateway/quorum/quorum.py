@@ -310,13 +310,15 @@ class Quorum:
             return replies
 
         out = list(await asyncio.gather(*(one(inst) for inst in self.members)))
-        missed = [inst for inst, replies in zip(self.members, out, strict=True)
-                  if None in replies]  # fmt: skip
-        if missed:  # they will get fills: noted before the batch can be committed
-            await self.behind.note(missed)
         if self.epochs.reread:
             await self.refresh_epochs()
         return out
+
+    async def note_behind(self) -> bool:
+        """Note, on the other members, every member this run holds fills for
+        (gateway/quorum/behind.py), after the vote queued them and before its batch is
+        committed. Whether the notes stand: if not, the batch must not be committed."""
+        return await self.behind.note([i for i in self.members if i.backlog or i.sending])
 
     def queue_fills(self, per_instance: Sequence[Iterable[Fill]]) -> None:
         """Marks to complete later: per member, (digest, winner, token sent) for the
@@ -347,7 +349,6 @@ class Quorum:
                       for positions, result in results if result is None
                       for k in positions]  # fmt: skip
             if missed:
-                await self.behind.note([inst])
                 self.fills.queue(inst, missed)
             return sum(int(result or 0) for _, result in results)
 

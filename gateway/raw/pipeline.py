@@ -133,6 +133,9 @@ class Pipeline:
         waited = time.perf_counter()
         outcomes = await voting.outcomes
         self.metrics.vote_wait.inc(time.perf_counter() - waited)
+        policy = self.policy
+        if outcomes and outcomes[0] is Outcome.RETRY:  # all are: blocked, tried again
+            outcomes, policy = [Outcome.UNDECIDED] * len(outcomes), "block"
         at = 0
         parts = voting.parts
         for part in parts.values():
@@ -150,7 +153,7 @@ class Pipeline:
             part.outcomes = aligned
         if voting.dropped:
             parts = {tp: part for tp, part in parts.items() if tp not in voting.dropped}
-        decided = classify(parts, self.policy)
+        decided = classify(parts, policy)
         for action, count in decided.undecided.items():
             self.metrics.undecided.labels(action).inc(count)
         if self.delay is None:  # (coalescing needs it too) what to forward is known now
@@ -220,7 +223,8 @@ class Pipeline:
     async def vote(self, ids: Sequence[bytes], owners: Sequence[str]) -> list[Outcome]:
         """Claim every id's mark for its owner on every member, decide on the trusted
         members' answers, repair the marks that differ from the winner, queue the
-        winner's mark for the members that gave no answer (gateway/quorum/quorum.py)."""
+        winner's mark for the members that gave no answer (gateway/quorum/quorum.py) and
+        note them behind; every outcome RETRY when that note did not stand."""
         if not ids:
             return []
         if not self.settings.dedup.enabled:
@@ -276,9 +280,11 @@ class Pipeline:
                         continue
                 outcomes.append(settle(k, row))
         if any(repairs):
-            await self.quorum.repair(repairs)
+            await self.quorum.repair(repairs)  # what gets no answer is queued as fills
         if any(fills):
             self.quorum.queue_fills(fills)
+        if not await self.quorum.note_behind():  # a stop would leave no trace of the fills
+            return [Outcome.RETRY] * len(ids)
         return cast(list[Outcome], outcomes)  # every None was settled
 
     async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:

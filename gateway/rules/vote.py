@@ -57,6 +57,9 @@ class Outcome(enum.Enum):
     FORWARD = "forward"
     DUPLICATE = "duplicate"
     UNDECIDED = "undecided"
+    # Not a vote's: the batch's fills could not be noted (gateway/quorum/behind.py), so
+    # the whole batch is tried again, whatever `on_no_quorum` says.
+    RETRY = "retry"
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,3 +43,11 @@ async def epoch_on(server: ManagedProcess, prefix: bytes = b"dd:") -> Epoch | No
     async with aioredis.Redis(port=server.port) as client:
         raw = await client.get(prefix + b"epoch")
     return Epoch.parse(raw.decode()) if raw else None
+
+
+async def noted_behind_on(server: ManagedProcess, prefix: bytes = b"dd:") -> dict[str, str]:
+    """The notes that members are behind held on `server` (gateway/quorum/behind.py):
+    `<member>|<run id>` -> until (ms)."""
+    async with aioredis.Redis(port=server.port, decode_responses=True) as client:
+        notes: dict[str, str] = await client.hgetall(prefix.decode() + "behind")
+    return notes

@@ -4,19 +4,24 @@ scripts.FILL), from a bounded queue."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
 
 from devtools.harness import Topics, clean_ids, counter_value, eventually, make_settings, running
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import load_settings
-from gateway.contract.tokens import mark_digest
+from gateway.contract.tokens import mark_digest, owner_tokens
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
+from gateway.raw.pipeline import Pipeline
+from gateway.rules.vote import Outcome
 from tests.conftest import redis_urls
-from tests.integration.redis_marks import alone, owners_on
+from tests.integration.redis_marks import alone, noted_behind_on, owners_on
 
 
 async def test_marks_a_hung_instance_missed_are_completed_when_it_resumes_and_outlive_another_loss(
@@ -128,6 +133,7 @@ async def test_another_gateway_counts_a_member_again_once_the_run_that_noted_it_
         replies = await noting.claim([mark], ["11"])
         assert replies[2] == [None]
         noting.queue_fills([[], [], [(mark, "11", "11")]])
+        assert await noting.note_behind()
         await other.refresh_epochs()
         assert other.counted() == [True, True, False]  # noted behind by the other run
         assert noting.counted()[:2] == [True, True]
@@ -142,3 +148,120 @@ async def test_another_gateway_counts_a_member_again_once_the_run_that_noted_it_
         servers[2].resume()
         await noting.close()
         await other.close()
+
+
+async def test_the_watch_running_between_a_vote_and_its_fills_leaves_the_note_standing(
+    redis_servers: Any,
+) -> None:
+    """The quorum's watch (`check`: drain, then clear the notes of members with nothing
+    left to send) ran between a vote's claims and the fills it queued: it cleared
+    the note the claims had just written, the batch was committed, and a gateway
+    killed then left the paused member counted without the mark (a loaded run of
+    test_fills_across_restarts). Here the watch runs in that window every time."""
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
+    noting, other = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
+    pipeline = Pipeline(settings, noting, None, noting.metrics)  # type: ignore[arg-type]
+    claim = noting.claim
+
+    async def claim_then_watch(digests: Any, owners: Any) -> Any:
+        replies = await claim(digests, owners)
+        await noting.check()
+        return replies
+
+    noting.claim = claim_then_watch  # type: ignore[method-assign]
+    try:
+        await noting.check()
+        assert await noting.pause(noting.members[2], True)  # its claims are refused
+        assert await pipeline.vote([b"m-1"], ["11"]) == [Outcome.FORWARD]
+        assert len(noting.members[2].backlog) == 1  # held until it is resumed
+        await noting.check()  # the watch again, the fill still queued
+        note = f"{noting.members[2].name}|{noting.behind.run_id}"
+        for server in servers[:2]:
+            assert note in await noted_behind_on(server)
+        await noting.pause(noting.members[2], False)
+        await other.refresh_epochs()
+        assert other.counted() == [True, True, False]  # noted behind by the other run
+    finally:
+        await noting.close()
+        await other.close()
+
+
+async def test_a_note_stays_while_its_fills_are_in_flight(redis_servers: Any) -> None:
+    """A fill taken from the backlog and not yet answered is still this run's to
+    send: a clear meanwhile (from a claim or the watch) must leave the note, or a
+    stop after that send failed would leave no trace of the mark."""
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
+    noting, other = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
+    lagging = noting.members[2]
+    try:
+        await noting.check()
+        noting.queue_fills([[], [], [(mark_digest(b"m-2"), "11", "11")]])
+        assert await noting.note_behind()
+        servers[2].pause()  # SIGSTOP: the fill call hangs until it times out
+        sending = asyncio.ensure_future(noting.fills.drain(lagging))
+        await eventually(lambda: lagging.sending == 1, what="the fill in flight")
+        assert not lagging.backlog
+        await noting.behind.clear(lagging)
+        note = f"{lagging.name}|{noting.behind.run_id}"
+        for server in servers[:2]:
+            assert note in await noted_behind_on(server)  # the note stands
+        await sending  # timed out: back in the backlog
+        assert len(lagging.backlog) == 1
+        servers[2].resume()
+        await other.refresh_epochs()
+        assert other.counted() == [True, True, False]  # noted behind by the other run
+        for _ in range(10):  # the first may meet the connection the timeout closed
+            await noting.check()
+            if not lagging.backlog:
+                break
+        assert not lagging.backlog
+        await other.refresh_epochs()
+        assert other.counted() == [True, True, True]  # sent, then cleared
+    finally:
+        servers[2].resume()
+        await noting.close()
+        await other.close()
+
+
+async def test_a_batch_whose_fills_could_not_be_noted_is_tried_again_whatever_the_policy(
+    redis_servers: Any,
+) -> None:
+    """The note that member 2 lacks the mark reaches member 1 but not member 0 (it
+    hangs right after answering the claim): committed, the batch would rest on a
+    note one emptied member takes away. So it is blocked and tried again, even
+    under `on_no_quorum = "forward"` (nothing here is undecided by the vote)."""
+    servers = redis_servers(3)
+    settings = load_settings(
+        redis={"nodes": redis_urls(servers), "timeout": "300ms"},
+        dedup={"on_no_quorum": "forward"},
+    )
+    quorum = Quorum(settings.redis, Metrics())
+    pipeline = Pipeline(settings, quorum, None, quorum.metrics)  # type: ignore[arg-type]
+    claim = quorum.claim
+
+    async def claim_then_hang(digests: Any, owners: Any) -> Any:
+        replies = await claim(digests, owners)
+        servers[0].pause()  # SIGSTOP: it answered the claim, it will not answer the note
+        return replies
+
+    tp = TopicPartition("raw", 0)
+    record = ConsumerRecord("raw", 0, 7, 0, 0, None, b"{}", None, 0, 2, [("message-id", b"m-3")])
+    try:
+        await quorum.check()
+        assert await quorum.pause(quorum.members[2], True)  # its claims are refused
+        quorum.claim = claim_then_hang  # type: ignore[method-assign]
+        decided = await pipeline.decide({tp: [record]})
+        assert decided.blocked == {tp: 7} and not decided.commits and not decided.prepared
+        servers[0].resume()
+        quorum.claim = claim  # type: ignore[method-assign]
+        await quorum.check()
+        owner = owner_tokens("raw", 0, [7])
+        assert await pipeline.vote([b"m-3"], owner) == [Outcome.FORWARD]  # tried again
+        note = f"{quorum.members[2].name}|{quorum.behind.run_id}"
+        for server in servers[:2]:
+            assert note in await noted_behind_on(server)
+    finally:
+        servers[0].resume()
+        await quorum.close()
