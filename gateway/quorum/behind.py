@@ -81,7 +81,7 @@ class Behind:
                 if now - self.noted.get(member.name, now) > self.life_ms / 1000:
                     self.dropped.discard(member.name)  # the last note expired, and its reason
                 args = ["note", member.name, self.run_id, self.life_ms]
-                calls += [self._call(on, args) for on in self.links if on is not member and on.up]
+                calls += [self._call(on, args) for on in self._holders(member)]
             written = None not in await asyncio.gather(*calls)
             for member in due:
                 if written:
@@ -97,6 +97,13 @@ class Behind:
                     extra={"redis": ", ".join(m.name for m in due)},
                 )  # fmt: skip
             return written
+
+    def _holders(self, member: MemberLink) -> list[MemberLink]:
+        """The members a note about `member` must reach: the others that answer. A
+        cluster member's notes live in its group 0 (read with its epoch, without
+        which no gateway counts it): with that group down, it is not one."""
+        return [on for on in self.links
+                if on is not member and on.up and 0 not in on.down_groups]  # fmt: skip
 
     def _clearable(self, member: MemberLink) -> bool:
         noted = member.name in self.noted or member.name in self.unsure
