@@ -279,12 +279,13 @@ class Pipeline:
                         outcomes.append(DUPLICATE)
                         continue
                 outcomes.append(settle(k, row))
-        if any(repairs):
-            await self.quorum.repair(repairs)  # what gets no answer is queued as fills
-        if any(fills):
-            self.quorum.queue_fills(fills)
-        if not await self.quorum.note_behind():  # a stop would leave no trace of the fills
-            return [Outcome.RETRY] * len(ids)
+        if any(repairs) or any(fills):
+            if any(repairs):
+                await self.quorum.repair(repairs)  # what gets no answer is queued as fills
+            if any(fills):
+                self.quorum.queue_fills(fills)
+            if not await self.quorum.note_behind():  # a stop would leave no trace of them
+                return [Outcome.RETRY] * len(ids)
         return cast(list[Outcome], outcomes)  # every None was settled
 
     async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:

@@ -68,7 +68,9 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     assert half["goal"] == "<= 25" and half["measured"] is not None
     splits = {s["variant"]: s for s in written["cpu_split"]}
     assert len(splits["gateway-5"]["redis_us"]) == 5 and min(splits["gateway-5"]["redis_us"]) > 0
-    assert splits["forwarder"]["gateway_us"] > 0 and splits["gateway-3"]["broker_us"] > 0
+    assert splits["forwarder"]["gateway_us"] > 0
+    # The broker's CPU is counted in 10 ms ticks (/proc): one small run may see none.
+    assert sum(s["broker_us"] for s in splits.values()) > 0
     (process,) = [t for t in written["targets"] if t["goal"] == "<= 1.25"]
     assert process["measured"] > 0
     assert all(lat["correct"] and lat["samples"] > 0 for lat in written["latency"])
