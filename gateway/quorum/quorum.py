@@ -22,6 +22,7 @@ slots can be migrated; `resume` clears it. The healthy gauge is set in one place
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
@@ -292,6 +293,15 @@ class Quorum:
             return text
 
         async def one(inst: MemberLink) -> list[Reply]:
+            # A member that answers gets the claims of one vote after another, in the
+            # order the votes began: the raw loop claims a batch while it finishes the one
+            # before, and copies of an id in both, reaching two members in opposite
+            # orders, split them 1:1, which no vote decides while a third member does
+            # not answer (the partitions blocked until it did: test_repair_queue.py).
+            async with inst.claiming if inst.up else contextlib.nullcontext():
+                return await claimed(inst)
+
+        async def claimed(inst: MemberLink) -> list[Reply]:
             if inst.epoch is None or inst.paused:  # what it would answer could not be counted
                 return [None] * n
             # The epoch these claims expect: the one known now (the fills' answer may

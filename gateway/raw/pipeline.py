@@ -133,9 +133,9 @@ class Pipeline:
         waited = time.perf_counter()
         outcomes = await voting.outcomes
         self.metrics.vote_wait.inc(time.perf_counter() - waited)
-        policy = self.policy
-        if outcomes and outcomes[0] is Outcome.RETRY:  # all are: blocked, tried again
-            outcomes, policy = [Outcome.UNDECIDED] * len(outcomes), "block"
+        retry = bool(outcomes) and outcomes[0] is Outcome.RETRY  # all are: tried again
+        if retry:
+            outcomes = [Outcome.UNDECIDED] * len(outcomes)
         at = 0
         parts = voting.parts
         for part in parts.values():
@@ -153,9 +153,10 @@ class Pipeline:
             part.outcomes = aligned
         if voting.dropped:
             parts = {tp: part for tp, part in parts.items() if tp not in voting.dropped}
-        decided = classify(parts, policy)
+        decided = classify(parts, "block" if retry else self.policy)
         for action, count in decided.undecided.items():
-            self.metrics.undecided.labels(action).inc(count)
+            if not retry:  # not the vote's doing: behind.py logged why
+                self.metrics.undecided.labels(action).inc(count)
         if self.delay is None:  # (coalescing needs it too) what to forward is known now
             await self._prepare(decided)
         return decided

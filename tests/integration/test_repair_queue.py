@@ -19,7 +19,7 @@ from gateway.contract.tokens import mark_digest, owner_tokens
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
-from gateway.rules.vote import Outcome
+from gateway.rules.vote import MINE, Outcome
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, noted_behind_on, owners_on
 
@@ -274,6 +274,7 @@ async def test_a_batch_whose_fills_could_not_be_noted_is_tried_again_whatever_th
         quorum.claim = claim_then_hang  # type: ignore[method-assign]
         decided = await pipeline.decide({tp: [record]})
         assert decided.blocked == {tp: 7} and not decided.commits and not decided.prepared
+        assert counter_value(quorum.metrics.undecided, "block") == 0  # not the vote's doing
         servers[0].resume()
         quorum.claim = claim  # type: ignore[method-assign]
         await quorum.check()
@@ -284,4 +285,49 @@ async def test_a_batch_whose_fills_could_not_be_noted_is_tried_again_whatever_th
             assert note in await noted_behind_on(server)
     finally:
         servers[0].resume()
+        await quorum.close()
+
+
+async def test_claims_reach_each_answering_member_in_the_order_the_votes_began(
+    redis_servers: Any,
+) -> None:
+    """Two votes in flight (the raw loop claims a batch while it finishes the one
+    before) with copies of one id: the second's claim to a member waits for the first's
+    answer there, so every member holds the first copy. Sent side by side, they
+    reached two members in opposite orders, a 1:1 split no vote decides while the
+    third member is down (the hung-member test above blocked so, one loaded run in
+    four)."""
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "5s"})
+    quorum = Quorum(settings.redis, Metrics())
+    first, second = [mark_digest(b"m-4")], [mark_digest(b"m-4")]  # one id, two votes
+    events: list[tuple[str, str, str]] = []  # (what, member, vote)
+    transport = quorum._via(quorum.members[0])
+    grouped = transport.grouped
+
+    async def spied(inst: Any, what: str, digests: Any, plan: Any) -> Any:
+        vote = "first" if digests is first else "second"
+        events.append(("sent", inst.name, vote))
+        try:
+            return await grouped(inst, what, digests, plan)
+        finally:
+            events.append(("answered", inst.name, vote))
+
+    transport.grouped = spied  # type: ignore[method-assign]
+    slow = quorum.members[1].name
+    try:
+        await quorum.check()
+        servers[1].pause()  # SIGSTOP, briefly: still up, its claims wait for it
+        one = asyncio.ensure_future(quorum.claim(first, ["11"]))
+        await eventually(lambda: ("sent", slow, "first") in events, what="the first vote sent")
+        two = asyncio.ensure_future(quorum.claim(second, ["22"]))
+        others = [m.name for m in quorum.members if m.name != slow]
+        await eventually(lambda: all(("answered", m, "second") in events for m in others),
+                         what="the second vote answered by the others")  # fmt: skip
+        assert ("sent", slow, "second") not in events  # it waits for the first's answer
+        servers[1].resume()
+        assert await one == [[MINE], [MINE], [MINE]]
+        assert await two == [["11"], ["11"], ["11"]]  # the first copy holds every member
+    finally:
+        servers[1].resume()
         await quorum.close()
