@@ -5,7 +5,8 @@ scripts.FILL), from a bounded queue."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 from devtools.harness import Topics, clean_ids, counter_value, eventually, make_settings, running
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
-from gateway.config import load_settings
+from gateway.config import Settings, load_settings
 from gateway.contract.tokens import mark_digest, owner_tokens
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
@@ -140,14 +141,27 @@ async def test_a_repair_that_gets_no_answer_is_queued_and_done_when_the_instance
     assert await owners_on(server, [split]) == ["11"]
 
 
+@asynccontextmanager
+async def two_runs(servers: Any) -> AsyncIterator[tuple[Settings, Quorum, Quorum]]:
+    """Two gateway runs' quorums on `servers` (300 ms timeout): `noting` holds fills
+    and notes them, `other` reads the notes; every server is resumed at the end."""
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
+    noting, other = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
+    try:
+        yield settings, noting, other
+    finally:
+        for server in servers:
+            server.resume()
+        await noting.close()
+        await other.close()
+
+
 async def test_another_gateway_counts_a_member_again_once_the_run_that_noted_it_drained(
     redis_servers: Any,
 ) -> None:
     servers = redis_servers(3)
-    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
-    noting, other = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
-    mark = mark_digest(b"noted")
-    try:
+    async with two_runs(servers) as (_, noting, other):
+        mark = mark_digest(b"noted")
         await noting.check()
         servers[2].pause()  # SIGSTOP: no answer to the claim
         replies = await noting.claim([mark], ["11"])
@@ -164,10 +178,6 @@ async def test_another_gateway_counts_a_member_again_once_the_run_that_noted_it_
         assert other.counted() == [True, True, True]  # the note was cleared
         assert await owners_on(servers[2], [mark]) == ["11"]
         assert counter_value(noting.metrics.repairs_lost_at_stop, servers[2].name_label) == 0
-    finally:
-        servers[2].resume()
-        await noting.close()
-        await other.close()
 
 
 async def test_the_watch_running_between_a_vote_and_its_fills_leaves_the_note_standing(
@@ -179,18 +189,16 @@ async def test_the_watch_running_between_a_vote_and_its_fills_leaves_the_note_st
     killed then left the paused member counted without the mark (a loaded run of
     test_fills_across_restarts). Here the watch runs in that window every time."""
     servers = redis_servers(3)
-    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
-    noting, other = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
-    pipeline = Pipeline(settings, noting, None, noting.metrics)  # type: ignore[arg-type]
-    claim = noting.claim
+    async with two_runs(servers) as (settings, noting, other):
+        pipeline = Pipeline(settings, noting, None, noting.metrics)  # type: ignore[arg-type]
+        claim = noting.claim
 
-    async def claim_then_watch(digests: Any, owners: Any) -> Any:
-        replies = await claim(digests, owners)
-        await noting.check()
-        return replies
+        async def claim_then_watch(digests: Any, owners: Any) -> Any:
+            replies = await claim(digests, owners)
+            await noting.check()
+            return replies
 
-    noting.claim = claim_then_watch  # type: ignore[method-assign]
-    try:
+        noting.claim = claim_then_watch  # type: ignore[method-assign]
         await noting.check()
         assert await noting.pause(noting.members[2], True)  # its claims are refused
         assert await pipeline.vote([b"m-1"], ["11"]) == [Outcome.FORWARD]
@@ -202,9 +210,6 @@ async def test_the_watch_running_between_a_vote_and_its_fills_leaves_the_note_st
         await noting.pause(noting.members[2], False)
         await other.refresh_epochs()
         assert other.counted() == [True, True, False]  # noted behind by the other run
-    finally:
-        await noting.close()
-        await other.close()
 
 
 async def test_a_note_stays_while_its_fills_are_in_flight(redis_servers: Any) -> None:
@@ -212,10 +217,8 @@ async def test_a_note_stays_while_its_fills_are_in_flight(redis_servers: Any) ->
     send: a clear meanwhile (from a claim or the watch) must leave the note, or a
     stop after that send failed would leave no trace of the mark."""
     servers = redis_servers(3)
-    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
-    noting, other = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
-    lagging = noting.members[2]
-    try:
+    async with two_runs(servers) as (_, noting, other):
+        lagging = noting.members[2]
         await noting.check()
         noting.queue_fills([[], [], [(mark_digest(b"m-2"), "11", "11")]])
         assert await noting.note_behind()
@@ -239,10 +242,6 @@ async def test_a_note_stays_while_its_fills_are_in_flight(redis_servers: Any) ->
         assert not lagging.backlog
         await other.refresh_epochs()
         assert other.counted() == [True, True, True]  # sent, then cleared
-    finally:
-        servers[2].resume()
-        await noting.close()
-        await other.close()
 
 
 async def test_a_batch_whose_fills_could_not_be_noted_is_tried_again_whatever_the_policy(
