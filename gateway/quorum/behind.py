@@ -15,8 +15,9 @@ note is being written: a clear between a vote's claims and its queued fills
 (the quorum's `watch` ran meanwhile) once deleted the note of a batch about
 to be committed, and a gateway killed after that commit left the member
 counted without its marks. A note that did not reach every other member that
-is up keeps the batch uncommitted (it is tried again); a clear that did not
-is tried again by the next.
+is up keeps the batch uncommitted (it is tried again); a clear goes to the
+members that are up, and one that did not reach every member is tried again
+by the next (the quorum's watch clears every `[redis] ping_interval`).
 
 Every gateway reads the notes with the epochs (epochs.py): a member another
 run noted is *recovering* (not counted) until that run cleared its note
@@ -120,8 +121,9 @@ class Behind:
                 return
             self.noted.pop(member.name, None)
             args = ["clear", member.name, self.run_id, 0]
-            calls = [self._call(on, args) for on in self.links if on is not member]
-            if None in await asyncio.gather(*calls):
+            holders = self._holders(member)  # a member down is not waited for under the lock
+            answers = await asyncio.gather(*(self._call(on, args) for on in holders))
+            if None in answers or len(holders) < len(self.links) - 1:
                 self.unsure.add(member.name)  # the next clear (or note) tries again
             else:
                 self.unsure.discard(member.name)

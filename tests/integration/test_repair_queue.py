@@ -244,6 +244,32 @@ async def test_a_note_stays_while_its_fills_are_in_flight(redis_servers: Any) ->
         assert other.counted() == [True, True, True]  # sent, then cleared
 
 
+async def test_a_clear_a_down_member_missed_is_made_once_it_answers(redis_servers: Any) -> None:
+    """The run sent its fills for member 2 while member 1 was down: the note is
+    cleared on member 0 at once, and on member 1 by the first clear after it answers
+    again (until then the run holds it unsure)."""
+    servers = redis_servers(3)
+    async with two_runs(servers) as (_, noting, other):
+        lagging = noting.members[2]
+        await noting.check()
+        noting.queue_fills([[], [], [(mark_digest(b"m-5"), "11", "11")]])
+        assert await noting.note_behind()
+        note = f"{lagging.name}|{noting.behind.run_id}"
+        servers[1].pause()  # SIGSTOP
+        await noting.check()  # member 1 gives no answer: down; the fill is sent, the clear made
+        assert not noting.members[1].up and not lagging.backlog
+        assert note not in await noted_behind_on(servers[0])
+        servers[1].resume()
+        assert note in await noted_behind_on(servers[1])  # missed: it was down
+        for _ in range(10):  # the first check may meet the connection the timeout closed
+            await noting.check()
+            if note not in await noted_behind_on(servers[1]):
+                break
+        assert note not in await noted_behind_on(servers[1])
+        await other.refresh_epochs()
+        assert other.counted() == [True, True, True]
+
+
 async def test_a_batch_whose_fills_could_not_be_noted_is_tried_again_whatever_the_policy(
     redis_servers: Any,
 ) -> None:
