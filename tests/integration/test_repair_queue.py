@@ -156,6 +156,14 @@ async def two_runs(servers: Any) -> AsyncIterator[tuple[Settings, Quorum, Quorum
         await other.close()
 
 
+async def one_fill_noted(noting: Quorum, message_id: bytes) -> str:
+    """`noting` holds one fill for member 2, noted on the others; the note's field."""
+    await noting.check()
+    noting.queue_fills([[], [], [(mark_digest(message_id), "11", "11")]])
+    assert await noting.note_behind()
+    return f"{noting.members[2].name}|{noting.behind.run_id}"
+
+
 async def test_another_gateway_counts_a_member_again_once_the_run_that_noted_it_drained(
     redis_servers: Any,
 ) -> None:
@@ -218,16 +226,12 @@ async def test_a_note_stays_while_its_fills_are_in_flight(redis_servers: Any) ->
     stop after that send failed would leave no trace of the mark."""
     servers = redis_servers(3)
     async with two_runs(servers) as (_, noting, other):
-        lagging = noting.members[2]
-        await noting.check()
-        noting.queue_fills([[], [], [(mark_digest(b"m-2"), "11", "11")]])
-        assert await noting.note_behind()
+        lagging, note = noting.members[2], await one_fill_noted(noting, b"m-2")
         servers[2].pause()  # SIGSTOP: the fill call hangs until it times out
         sending = asyncio.ensure_future(noting.fills.drain(lagging))
         await eventually(lambda: lagging.sending == 1, what="the fill in flight")
         assert not lagging.backlog
         await noting.behind.clear(lagging)
-        note = f"{lagging.name}|{noting.behind.run_id}"
         for server in servers[:2]:
             assert note in await noted_behind_on(server)  # the note stands
         await sending  # timed out: back in the backlog
@@ -250,11 +254,7 @@ async def test_a_clear_a_down_member_missed_is_made_once_it_answers(redis_server
     again (until then the run holds it unsure)."""
     servers = redis_servers(3)
     async with two_runs(servers) as (_, noting, other):
-        lagging = noting.members[2]
-        await noting.check()
-        noting.queue_fills([[], [], [(mark_digest(b"m-5"), "11", "11")]])
-        assert await noting.note_behind()
-        note = f"{lagging.name}|{noting.behind.run_id}"
+        lagging, note = noting.members[2], await one_fill_noted(noting, b"m-5")
         servers[1].pause()  # SIGSTOP
         await noting.check()  # member 1 gives no answer: down; the fill is sent, the clear made
         assert not noting.members[1].up and not lagging.backlog
