@@ -46,16 +46,18 @@ def free_port() -> int:
         return port
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+def wait_for_port(
+    port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float = START_TIMEOUT_S
+) -> None:
     """Block until `port` accepts connections or `proc` dies (then raise)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LocalStackError(f"{what} exited with code {proc.returncode} during start")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
             return
         time.sleep(0.02)
-    raise LocalStackError(f"{what} did not listen on 127.0.0.1:{port} within {START_TIMEOUT_S}s")
+    raise LocalStackError(f"{what} did not listen on 127.0.0.1:{port} within {timeout_s}s")
 
 
 @dataclass

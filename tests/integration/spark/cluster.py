@@ -29,6 +29,9 @@ from devtools.localstack import free_port, wait_for_port
 # The worker registers with the master in about a second; an executor takes ~20 s
 # to come up once an application asks for one (measured here).
 REGISTER_TIMEOUT_S = 60.0
+# A JVM's start: the master listened after more than 15 s (the servers' bound,
+# devtools/localstack.py) once, in a full suite beside three workers' Spark tests.
+MASTER_START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 
 
@@ -92,7 +95,7 @@ class StandaloneCluster:
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
              "--port", str(self.master_port), "--webui-port", str(self.master_ui_port)],
         )  # fmt: skip
-        wait_for_port(self.master_port, master, "spark master")
+        wait_for_port(self.master_port, master, "spark master", MASTER_START_TIMEOUT_S)
         worker = self._spawn(
             "worker",
             [spark_class, "org.apache.spark.deploy.worker.Worker", self.url,
