@@ -13,8 +13,8 @@ from gateway.quorum.quorum import Quorum
 def command_quorum(redis: RedisSettings) -> Quorum:
     """A Quorum whose every call may take FIRST_CONTACT_S (or `[redis] timeout` if
     longer), not the data path's timeout: a command runs once, beside gateways that
-    keep the members busy, and a member slow past 300 ms for one call made `pause`
-    and `rebuild` give up ("did not answer", "stopped answering") in loaded runs.
+    keep the members busy, and a member slow past the tests' 300 ms for one call made
+    `pause` and `rebuild` give up ("did not answer", "stopped answering") in loaded runs.
     Scripts stay as short as on the data path (rebuild's EXPORT_BUDGET), so a
     longer wait blocks no one."""
     patient = max(redis.timeout, timedelta(seconds=FIRST_CONTACT_S))

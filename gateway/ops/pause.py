@@ -16,7 +16,7 @@ async def set_paused(
     a majority of trusted members answering is refused unless `force`: every
     partition would block. Exit code 0 done, 1 refused or some key group did not
     answer (run it again), 2 no such member."""
-    quorum = command_quorum(settings.redis)  # a cluster member: one call per key group
+    quorum = command_quorum(settings.redis)  # a cluster member takes a call per key group
     try:
         await quorum.refresh_epochs()
         target = next((i for i in quorum.members if i.name == member), None)

@@ -154,8 +154,8 @@ class Pipeline:
         if voting.dropped:
             parts = {tp: part for tp, part in parts.items() if tp not in voting.dropped}
         decided = classify(parts, "block" if retry else self.policy)
-        for action, count in decided.undecided.items():
-            if not retry:  # not the vote's doing: behind.py logged why
+        if not retry:  # a retry is not the vote's doing: behind.py logged why
+            for action, count in decided.undecided.items():
                 self.metrics.undecided.labels(action).inc(count)
         if self.delay is None:  # (coalescing needs it too) what to forward is known now
             await self._prepare(decided)
@@ -280,13 +280,13 @@ class Pipeline:
                         outcomes.append(DUPLICATE)
                         continue
                 outcomes.append(settle(k, row))
-        if any(repairs) or any(fills):
-            if any(repairs):
-                await self.quorum.repair(repairs)  # what gets no answer is queued as fills
-            if any(fills):
-                self.quorum.queue_fills(fills)
-            if not await self.quorum.note_behind():  # a stop would leave no trace of them
-                return [Outcome.RETRY] * len(ids)
+        repairing, filling = any(repairs), any(fills)
+        if repairing:
+            await self.quorum.repair(repairs)  # what gets no answer is queued as fills
+        if filling:
+            self.quorum.queue_fills(fills)
+        if (repairing or filling) and not await self.quorum.note_behind():
+            return [Outcome.RETRY] * len(ids)  # a stop would leave no trace of the fills
         return cast(list[Outcome], outcomes)  # every None was settled
 
     async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:
