@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck format bench spark-pack chaos chaos-ci clean
+.PHONY: setup demo localstack test lint typecheck format bench spark-pack chaos chaos-ci clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/setup-ops.sh
 	bash scripts/setup.sh $(VENV)
@@ -13,6 +13,9 @@ setup: $(STAMP)
 
 demo: $(STAMP)  ## the main job on the embedded local stack
 	$(PY) -m devtools.demo $(ARGS)
+
+localstack: $(STAMP)  ## Apache Kafka on :9092 and redis-servers on :6379-6381 until Ctrl-C
+	$(PY) -m devtools.localstack $(ARGS)
 
 # The suite waits on servers far more than it computes: 4 pytest-xdist workers on 2
 # cores; tests sharing an expensive fixture, and the heavy stacks, stay on one worker

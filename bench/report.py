@@ -484,7 +484,7 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
     m, o = results.machine, results.options
     lines = [
         f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), {m['platform']}, "
-        f"Python {m['python']}, redis-server {m['redis']}, Tansu broker (local stack).",
+        f"Python {m['python']}, redis-server {m['redis']}, Apache Kafka broker (local stack).",
         f"{o['records']:,} records per run ({o['naive_records']:,} for naive-3), "
         f"{o['value_size']}-byte values, {o['partitions']} raw partitions, "
         f"{o['rounds']} rounds, medians quoted.",

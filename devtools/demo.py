@@ -1,6 +1,6 @@
 """`make demo` (`python -m devtools.demo`): the whole pipeline on an embedded local stack.
 
-Starts a Tansu broker and three redis-server processes under `.state/`,
+Starts an Apache Kafka broker and three redis-server processes under `.state/`,
 produces generated traffic with duplicates (across partitions) and a few bad
 records, runs a plain forwarder (the gateway with dedup off) and then the
 gateway on the same raw topic, checks that each id came out exactly once,

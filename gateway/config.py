@@ -108,9 +108,9 @@ class KafkaSettings(_Section):
     workers: int = Field(default=1, ge=1, le=256)
     # Most records fetched and voted on in one batch (one script call per member).
     max_batch_records: int = Field(default=2000, ge=1, le=100_000)
-    # Longest a fetch waits at the broker for new records; bounds latency on
-    # brokers that hold a fetch for its whole wait (Tansu does) and sets the
-    # idle fetch rate elsewhere (Apache Kafka answers as soon as data arrives).
+    # Longest a fetch waits at the broker for new records: the idle fetch rate
+    # (Apache Kafka answers as soon as data arrives; a broker that holds a fetch
+    # for its whole wait adds up to this much latency).
     fetch_max_wait: Duration = timedelta(milliseconds=100)
     # A member silent this long (e.g. killed) is dropped from the group and its
     # partitions move on; heartbeats go every third of it.

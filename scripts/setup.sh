@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine:
-# redis-server (apt, when missing), a Java runtime for Spark (apt, when missing),
-# Prometheus/promtool for the deployment checks (scripts/setup-ops.sh),
+# redis-server (apt, when missing), Java 17 and Maven (apt, when missing), Apache
+# Kafka's broker and Spark's Kafka connector (jars from Maven Central, fetched once
+# into ~/.cache/dedup-gateway/jars: devtools/jars.py), Prometheus/promtool for the deployment checks (scripts/setup-ops.sh),
 # and a virtualenv with the package and its dev/test extras.
 set -euo pipefail
 VENV=${1:-.venv}
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -24,4 +26,7 @@ fi
 # and the Spark pack).
 "$VENV/bin/python" -m pip install -q -c "$(dirname "$0")/../constraints.txt" -e ".[dev]"
 bash "$(dirname "$0")/setup-ops.sh"
+# The JVM engines, fetched once (a second run finds them cached and fetches nothing).
+"$VENV/bin/python" -m devtools.jars kafka >/dev/null
+"$VENV/bin/python" -m devtools.jars spark-kafka >/dev/null
 echo "setup: done ($VENV)"

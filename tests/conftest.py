@@ -1,4 +1,4 @@
-"""Real servers for the tests: one Tansu broker per session, fresh redis-server
+"""Real servers for the tests: one Apache Kafka broker per test worker, fresh redis-server
 processes per test (cheap to start, and fault tests kill them), all on free
 loopback ports under pytest's temporary folder."""
 
@@ -19,18 +19,19 @@ import pytest
 from devtools.localstack import (
     ManagedProcess,
     RedisClusterProcesses,
+    kafka_broker,
     redis_cluster,
     redis_server,
-    tansu_broker,
     valkey_server_binary,
 )
 
 # `make test` runs the suite on pytest-xdist workers (`-n 6 --dist loadgroup`, see the
 # Makefile); the tests of one xdist_group run on one worker, one after another.
 TESTS = Path(__file__).resolve().parent
-# Shared fixtures cheap enough for every worker to start its own (a Tansu broker
-# starts in milliseconds); any other session or module fixture of ours keeps its
-# tests on one worker, so it is built once (a Spark session costs ~10 s).
+# Shared fixtures cheap enough for every worker to start its own (a Kafka broker
+# starts in 2-4 s, and its own keeps a worker's tests off the others'); any other
+# session or module fixture of ours keeps its tests on one worker, so it is built
+# once (a Spark session costs ~10 s).
 CHEAP_SHARED = frozenset({"broker"})
 # Tests that keep the cores busy for a minute or more (seeded fault schedules with
 # their own gateway processes, the benchmark runs, the venv-pack build) run at a
@@ -113,8 +114,8 @@ def restore_logging() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap address of a session-wide Kafka-protocol broker."""
-    proc = tansu_broker(tmp_path_factory.mktemp("broker"))
+    """Bootstrap address of an Apache Kafka broker for this test worker's session."""
+    proc = kafka_broker(tmp_path_factory.mktemp("broker"))
     proc.start()
     try:
         yield f"127.0.0.1:{proc.port}"

@@ -2,7 +2,7 @@
 
 A seed becomes a run configuration (2 or 3 gateways, failure mode, id strategy,
 session timeout) and a schedule of faults (`schedule`). A run (`runner`) starts
-its own Tansu broker, three quorum members (redis-server processes; member 0
+its own Apache Kafka broker, three quorum members (redis-server processes; member 0
 a Redis Cluster of 3 masters with a replica each in `cluster` runs) and the
 gateways as real processes in one group, produces raw traffic with hostile records in it
 (`traffic`), injects the faults while playing the Spark job's side of the

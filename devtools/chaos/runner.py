@@ -1,7 +1,6 @@
 """One schedule against its own local stack: start, traffic and faults, settle, check.
 
-The run starts its own Tansu broker (stopping it harms no other test; Tansu
-keeps data in memory, so it is only ever SIGSTOPped, never killed), three
+The run starts its own Apache Kafka broker (stopping it harms no other test), three
 quorum members (redis-server processes; member 0 a Redis Cluster of 3
 masters with a replica each in `cluster` runs) and the gateways, all on free
 loopback ports under `workdir`. Before each fault it waits for real progress: the raw group must
@@ -51,14 +50,13 @@ from devtools.chaos.schedule import (
 from devtools.chaos.standin import SparkStandIn, fate
 from devtools.chaos.timeline import Clock, StepRun, step_context
 from devtools.chaos.traffic import Traffic
-from devtools.groups import clear_departed_leader
 from devtools.harness import Topics
 from devtools.localstack import (
     ManagedProcess,
     RedisClusterProcesses,
+    kafka_broker,
     redis_cluster,
     redis_server,
-    tansu_broker,
 )
 from devtools.topics import create_topics, read_topic
 from gateway.config import load_settings
@@ -155,7 +153,7 @@ class Run:
         self.restorations: dict[str, asyncio.Task[None]] = {}
         if workdir.exists() and any(workdir.iterdir()):
             raise ValueError(f"{workdir} is not empty: a run's logs must be its own")
-        self.broker: ManagedProcess = tansu_broker(workdir)
+        self.broker: ManagedProcess = kafka_broker(workdir)
         # Member 0 of a cluster run is the cluster: `self.redis[0]` is then not started.
         self.redis: list[ManagedProcess] = [redis_server(workdir, f"redis-{i}") for i in range(3)]
         self.cluster: RedisClusterProcesses | None = None
@@ -411,9 +409,7 @@ class Run:
         bootstrap = f"127.0.0.1:{self.broker.port}"
         changed.write_text(gateway_toml(self.config, bootstrap, self.topics, self.urls, True))
         self.toml = changed
-        # All at once: stopped side by side, then started. A rolling restart (each one
-        # stopped once the one before had its partitions) met the broker's departed-leader
-        # gap below in four runs of fourteen (docs/development.md).
+        # All at once: stopped side by side, then started.
         self.restarting.update(g.index for g in self.gateways)
         for gateway in self.gateways:
             gateway.resume()
@@ -427,18 +423,6 @@ class Run:
                     "exit", f"g{gateway.index} answered the SIGTERM of [{step}] with exit code "
                     f"{code} (None: still running after {STOP_DEADLINE_S:.0f}s, killed)",
                 ))  # fmt: skip
-        # The test broker keeps a leader whose LeaveGroup came while its group rebalanced
-        # (after another member's leave or join) as the leader of a group nobody may
-        # then lead (docs/development.md, "The test broker"); Apache Kafka elects another.
-        groups = [self.topics.group, f"{self.topics.group}.failures", f"{self.topics.group}.delay"]
-        departed = await asyncio.gather(
-            *(clear_departed_leader(bootstrap, g) for g in groups), return_exceptions=True
-        )
-        for group, leader in zip(groups, departed, strict=True):
-            if isinstance(leader, BaseException):
-                self.event(f"{group}: not checked for a departed leader: {leader!r}")
-            elif leader is not None:
-                self.event(f"{group}: cleared the departed leader {leader} the broker kept")
         for gateway in self.gateways:
             gateway.config = changed
             gateway.start(f"{step}: restarted with {changed.name}")

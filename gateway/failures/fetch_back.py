@@ -117,7 +117,6 @@ class RawFetcher:
     ) -> Absent:
         """The broker has nothing at `offset`: below the log start, or past the end.
 
-        ListOffsets "earliest" is right on every broker (only "latest" is not on Tansu).
         """
         try:
             starts = await asyncio.wait_for(

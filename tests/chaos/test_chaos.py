@@ -1,6 +1,6 @@
 """Seeded random fault schedules against real processes: the guarantees hold.
 
-Each test runs one schedule (devtools/chaos): its own Tansu broker, three
+Each test runs one schedule (devtools/chaos): its own Apache Kafka broker, three
 redis-server processes and 2-3 gateway processes in one group, traffic with
 duplicates and hostile records, and every fault class at least once (gateway
 SIGKILL and SIGSTOP, one Redis member killed, hung and restarted empty, the

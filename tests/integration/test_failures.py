@@ -22,7 +22,7 @@ from devtools.harness import (
     produce,
     running,
 )
-from devtools.localstack import free_port, tansu_broker
+from devtools.localstack import free_port, kafka_broker
 from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.contract.tokens import mark_digest
@@ -246,7 +246,7 @@ async def proxied_broker(tmp_path):
     port = free_port()
     proxy = TcpProxy("127.0.0.1", port)
     proxy_port = await proxy.start()
-    server = tansu_broker(tmp_path, port=port, advertised_port=proxy_port)
+    server = kafka_broker(tmp_path, port=port, advertised_port=proxy_port)
     await asyncio.to_thread(server.start)
     try:
         yield f"127.0.0.1:{proxy_port}", proxy

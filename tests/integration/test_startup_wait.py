@@ -16,7 +16,7 @@ from devtools.harness import (
     start_process,
     write_toml,
 )
-from devtools.localstack import free_port, tansu_broker
+from devtools.localstack import free_port, kafka_broker
 from devtools.topics import wait_committed
 from tests.conftest import redis_urls
 
@@ -76,7 +76,7 @@ async def test_without_the_broker_the_gateway_reports_at_a_falling_rate_then_ser
                         make_settings(address, topics, redis_urls(servers)))  # fmt: skip
     log = tmp_path / "gateway.log"
     gateway = start_process(config, log)
-    broker = tansu_broker(tmp_path / "broker", port=port)
+    broker = kafka_broker(tmp_path / "broker", port=port)
     try:
         await eventually(lambda: BROKER_REPORT in log.read_text(), what="the first report")
         first = time.monotonic()
@@ -87,7 +87,7 @@ async def test_without_the_broker_the_gateway_reports_at_a_falling_rate_then_ser
         assert 2 <= len(reports) <= 4, reports
         assert all(f"at {address} (" in line and " WARNING " in line for line in reports)
 
-        broker.start()
+        await asyncio.to_thread(broker.start)
         await topics.create(address, raw_partitions=1, clean_partitions=1)
         await produce(address, topics.raw, [(b"k", b"v", [("message-id", b"late-1")])])
         await wait_committed(address, topics.group, topics.raw, {0: 1})

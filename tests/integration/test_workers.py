@@ -105,10 +105,12 @@ async def test_killed_worker_is_restarted_and_nothing_is_lost(
         first = workers_of(supervisor.pid)
         await wait_for("every worker ready", lambda: ready(port), log)
 
-        async def every_partition_committed() -> bool:
-            return all((await committed_offsets(broker, topics.group, topics.raw)).values())
+        async def committing() -> bool:
+            # Not every partition: on Apache Kafka the pair can read the whole stream
+            # between their join and the last partition's first commit.
+            return any((await committed_offsets(broker, topics.group, topics.raw)).values())
 
-        await wait_for("both workers committing", every_partition_committed, log)
+        await wait_for("the workers committing", committing, log)
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         progress = sum((await committed_offsets(broker, topics.group, topics.raw)).values())

@@ -51,7 +51,12 @@ RUN_WHOLE = {"docs/quickstart.md": "tests/integration/test_quickstart.py"}
 # How the docs write a value the reader fills in, as an example would be typed.
 PLACEHOLDERS = {"N": "3", "SEED": "7", "MINUTES": "10"}
 # Make targets whose ARGS (and variables) go to a Python module's parser.
-MAKE_MODULES = {"demo": "devtools.demo", "bench": "bench", "chaos": "devtools.chaos"}
+MAKE_MODULES = {
+    "demo": "devtools.demo",
+    "bench": "bench",
+    "chaos": "devtools.chaos",
+    "localstack": "devtools.localstack",
+}
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,7 @@ FLAG_MODULES = (
     "spark_sink",
     "devtools.demo",
     "devtools.chaos",
+    "devtools.localstack",
     "bench",
     "bench.datapath",
 )
