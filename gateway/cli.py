@@ -129,6 +129,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    """The JSON Schema of the settings file: every section, `[spark]` as the Spark job
+    reads it (editors and CI can validate a gateway.toml against it)."""
+    from gateway.config import json_schema
+    from spark_sink.config import SparkSettings
+
+    print(json.dumps(json_schema({"spark": SparkSettings}), indent=2))
+    return 0
+
+
 def _check_connect(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.ops import connect_check
 
@@ -306,6 +316,11 @@ EXAMPLES = {
         "(the line names the setting), 3 (--connect) an error: something unreachable,\n"
         "refused, missing or unsafe, named on its line"
     ),
+    "config-schema": (
+        "example:\n  dedup-gateway config-schema > gateway.schema.json\n\n"
+        "prints the JSON Schema (draft 2020-12) of the settings file: every section and key,\n"
+        "its type, bounds and default (durations as '500ms', '24h' or seconds)"
+    ),
     "topics": (
         "examples:\n  dedup-gateway topics --config gateway.toml\n"
         "  dedup-gateway topics --config gateway.toml --create --dry-run\n"
@@ -359,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="reach every Redis member and the broker; one line per finding",
     )
     check.set_defaults(func=cmd_check_config)
+    schema = add("config-schema", "print the JSON Schema of the settings file")
+    schema.set_defaults(func=cmd_config_schema)
     topics = add("topics", "print the topics the settings need; create the missing ones")
     topics.add_argument("--create", action="store_true", help="create the missing topics")
     topics.add_argument(

@@ -8,13 +8,16 @@ between levels, e.g. `GATEWAY_REDIS__TTL=12h`), the TOML file given with
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import json
 import os
 import re
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -25,14 +28,17 @@ from pydantic import (
     SecretStr,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 from pydantic_core import MultiHostUrl
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -41,9 +47,10 @@ from gateway.errors import ConfigError
 from gateway.member_urls import MemberUrl, check_member_url, masked, member_name
 
 ENV_PREFIX = "GATEWAY_"
+ENV_NESTED_DELIMITER = "__"  # GATEWAY_<SECTION>__<KEY>
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file, when --config is not given
 
-__all__ = ["ConfigError", "Settings", "load", "load_settings"]
+__all__ = ["ConfigError", "Settings", "env_name", "json_schema", "load", "load_settings"]
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
 _DURATION = re.compile(rf"^\s*(?:{_DURATION_PART.pattern}\s*)+$")
@@ -83,11 +90,21 @@ def format_duration(value: timedelta) -> str | float:
     return "".join(parts) or "0s"
 
 
-# Written out (`check-config`, JSON dumps) as `format_duration` spells it, so it loads back.
+# Written out (`check-config`, JSON dumps) as `format_duration` spells it, so it loads back;
+# in the JSON Schema (`config-schema`) as the text or number `parse_duration` reads.
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str | float, when_used="json"),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": _DURATION.pattern},
+                {"type": "number", "description": "seconds"},
+            ],
+            "description": "a duration: '500ms', '30s', '1h30m', '7d', or a number of seconds",
+        }
+    ),
 ]
 
 
@@ -364,7 +381,10 @@ class TomlSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", populate_by_name=True
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        populate_by_name=True,
     )
 
     @classmethod
@@ -483,7 +503,8 @@ def config_path(path: Path | None) -> Path | None:
 
 def load(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
     """Build and validate `cls` from `path` (or `$GATEWAY_CONFIG`), the environment and
-    `overrides` (whole sections, highest priority). Raises ConfigError naming the setting."""
+    `overrides` (whole sections, highest priority). Raises ConfigError naming the setting
+    (and the environment variable, when the value came from one)."""
     path = config_path(path)
     if path is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
@@ -491,8 +512,10 @@ def load(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
     try:
         return cls(**overrides)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
-    except ValueError as exc:  # malformed TOML or env JSON
+        raise ConfigError(_describe(exc, cls, overrides)) from None
+    except SettingsError as exc:  # an environment variable that is not the JSON its field takes
+        raise ConfigError(f"cannot read configuration: {_env_not_json(exc, cls)}") from None
+    except ValueError as exc:  # malformed TOML
         raise ConfigError(f"cannot read configuration: {exc}") from None
     finally:
         _TOML_FILE.reset(token)
@@ -503,15 +526,211 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     return load(Settings, path, **overrides)
 
 
-def _describe(exc: ValidationError) -> str:
-    """One line per problem: `redis.nodes: needs an odd number of members ...`."""
+def env_name(*where: str) -> str:
+    """The environment variable that overrides a setting: `env_name("kafka", "group_id")`
+    is `GATEWAY_KAFKA__GROUP_ID`."""
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(part.upper() for part in where)
+
+
+Loc = tuple[int | str, ...]
+
+
+def _describe(
+    exc: ValidationError, cls: type[BaseModel], overrides: Mapping[str, Any] | None = None
+) -> str:
+    """One phrase per problem, `; `-joined on one line: `invalid setting redis.nodes: needs an
+    odd number of members ...`, `unknown key `bootstrap_server` in [kafka]; did you mean
+    `bootstrap_servers`?`, each naming the environment variable the value came from."""
     lines = []
     for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"])
+        loc = tuple(error["loc"])
+        variable = _env_origin(loc, overrides or {})
+        origin = f" (environment variable {variable})" if variable else ""
+        if error["type"] == "extra_forbidden" and loc:
+            lines.append(_unknown(cls, loc, error["input"], origin))
+            continue
+        where = ".".join(str(part) for part in loc)
         message = error["msg"].removeprefix("Value error, ")
         # A rule across sections has no one location; its message names the settings.
-        lines.append(f"invalid setting {where}: {message}" if where else f"invalid: {message}")
+        lines.append(
+            f"invalid setting {where}{origin}: {message}" if where else f"invalid: {message}"
+        )
     return "; ".join(lines)
+
+
+def _unknown(cls: type[BaseModel], loc: Loc, value: Any, origin: str) -> str:
+    """`unknown key `bootstrap_server` in [kafka]; did you mean `bootstrap_servers`?`"""
+    *parent, key = loc
+    model = _model_at(cls, parent)
+    known = [] if model is None else _keys(model)
+    close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    if not parent:
+        kind = "section" if isinstance(value, dict) else "top-level key"
+        text = f"unknown {kind} [{key}]" if kind == "section" else f"unknown {kind} `{key}`"
+        return text + origin + (f"; did you mean [{close[0]}]?" if close else "")
+    return f"unknown key `{key}` in {_table(parent)}{origin}" + (
+        f"; did you mean `{close[0]}`?" if close else ""
+    )
+
+
+def _table(parent: Sequence[int | str]) -> str:
+    """How the TOML names a table: `[kafka]`, `[kafka.client]`, `[[lanes]] #2`."""
+    names = [str(part) for part in parent if not isinstance(part, int)]
+    items = [part for part in parent if isinstance(part, int)]
+    if items:
+        return f"[[{'.'.join(names)}]] #{items[-1] + 1}"
+    return f"[{'.'.join(names)}]"
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    """Every key a section takes: field names and their aliases."""
+    return sorted(
+        {name for name in model.model_fields}
+        | {f.alias for f in model.model_fields.values() if f.alias}
+    )
+
+
+def _field_annotation(model: type[BaseModel], key: str) -> Any:
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            return field.annotation
+    return None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The settings model an annotation holds: itself, or the item of a list or optional."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(cls: type[BaseModel], path: Sequence[int | str]) -> type[BaseModel] | None:
+    """The section model at `path` (list indices skipped), or None (a free-form table)."""
+    model: type[BaseModel] | None = cls
+    for part in path:
+        if isinstance(part, int):
+            continue
+        if model is None:
+            return None
+        model = _model_in(_field_annotation(model, part))
+    return model
+
+
+def _holds(data: Any, path: Sequence[int | str]) -> bool:
+    """Whether `path` (keys and list indices) leads somewhere in `data`."""
+    for part in path:
+        in_list = isinstance(part, int) and isinstance(data, list) and 0 <= part < len(data)
+        if not (in_list or (isinstance(data, dict) and part in data)):
+            return False
+        data = data[part]
+    return True
+
+
+def _environment() -> dict[str, str]:
+    """Lower-cased name -> name, for the variables with the prefix (matched without case,
+    as pydantic-settings does)."""
+    return {name.lower(): name for name in os.environ if name.upper().startswith(ENV_PREFIX)}
+
+
+def _env_origin(loc: Loc, overrides: Mapping[str, Any]) -> str | None:
+    """The environment variable the value at `loc` came from, or None (file or default).
+
+    `GATEWAY_REDIS__TTL` for `redis.ttl`; for a deeper location, a variable holding JSON
+    for a table or list above it (`GATEWAY_REDIS__NODES` for `redis.nodes.0`) when the
+    JSON has that location. Overrides given to `load` win over the environment."""
+    if _holds(overrides, loc):
+        return None
+    environment = _environment()
+    for end in range(len(loc), 0, -1):
+        head = loc[:end]
+        if any(isinstance(part, int) for part in head):
+            continue
+        variable = environment.get(env_name(*(str(part) for part in head)).lower())
+        if variable is None:
+            continue
+        if end == len(loc):
+            return variable
+        try:
+            value = json.loads(os.environ[variable])
+        except ValueError:
+            return None
+        return variable if _holds(value, loc[end:]) else None
+    return None
+
+
+def _takes_json(annotation: Any) -> bool:
+    """Whether pydantic-settings reads this field's environment variable as JSON."""
+    if _model_in(annotation) is not None:
+        return True
+    if get_origin(annotation) in (list, dict, set, tuple):
+        return True
+    return any(_takes_json(arg) for arg in get_args(annotation) if arg is not type(None))
+
+
+def _env_not_json(exc: SettingsError, cls: type[BaseModel]) -> str:
+    """Which variable is not the JSON its field takes (never its value: it may be secret)."""
+    field = re.search(r'field "(\w+)"', str(exc))
+    if field is None:
+        return str(exc)
+    prefix = env_name(field[1]).lower()
+    culprits = []
+    for lowered, variable in sorted(_environment().items()):
+        if lowered != prefix and not lowered.startswith(prefix + ENV_NESTED_DELIMITER.lower()):
+            continue
+        path = lowered.removeprefix(ENV_PREFIX.lower()).split(ENV_NESTED_DELIMITER.lower())
+        *parent, key = path
+        model = _model_at(cls, parent)
+        annotation = None if model is None else _field_annotation(model, key)
+        if annotation is None or not _takes_json(annotation):
+            continue
+        try:
+            json.loads(os.environ[variable])
+        except ValueError as not_json:
+            culprits.append(
+                f"environment variable {variable} must be JSON for {'.'.join(path)} "
+                f"(a list or table): {not_json}"
+            )
+    return "; ".join(culprits) or str(exc)
+
+
+class _Schema(GenerateJsonSchema):
+    """Defaults written as the file spells them (`"24h"`, not ISO 8601's `"P1D"`)."""
+
+    def encode_default(self, dft: Any) -> Any:
+        if isinstance(dft, timedelta):
+            return format_duration(dft)
+        return super().encode_default(dft)
+
+
+def json_schema(sections: Mapping[str, type[BaseModel]] | None = None) -> dict[str, Any]:
+    """The JSON Schema of the settings file (`dedup-gateway config-schema`): the gateway's
+    sections, with `sections` (e.g. the Spark job's `[spark]`) in place of the tables the
+    gateway leaves to another program."""
+    sections = dict(sections or {})
+    models: list[type[BaseModel]] = [Settings, *sections.values()]
+    refs, top = models_json_schema(
+        [(model, "validation") for model in models], schema_generator=_Schema
+    )
+    definitions = top["$defs"]
+    schema: dict[str, Any] = definitions.pop(Settings.__name__)
+    for name, model in sections.items():
+        schema["properties"][name] = {**refs[(model, "validation")], "default": {}}
+    schema.pop("title", None)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "dedup-gateway settings",
+        **schema,
+        "description": (
+            "The TOML file of `--config` (or $GATEWAY_CONFIG); every key can be overridden "
+            f"by an environment variable {ENV_PREFIX}<SECTION>{ENV_NESTED_DELIMITER}<KEY> "
+            "(docs/configuration.md)."
+        ),
+        "$defs": definitions,
+    }
 
 
 def effective(settings: BaseSettings) -> dict[str, Any]:

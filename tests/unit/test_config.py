@@ -20,7 +20,6 @@ BAD = [
     ({"redis": {"nodes": ["redis://h:notaport/0"]}}, "redis.nodes.0", "port"),
     ({"kafka": {"bootstrap_servers": "nohostport"}}, "kafka.bootstrap_servers", "host:port"),
     ({"dedup": {"on_no_quorum": "maybe"}}, "dedup.on_no_quorum", "block"),
-    ({"kafka": {"raw_topic": "x"}}, "kafka.raw_topic", "Extra inputs"),
 ]
 
 

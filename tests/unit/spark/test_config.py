@@ -52,7 +52,6 @@ def test_shared_toml_file_gateway_sections_ignored_and_env_overrides(tmp_path: P
         ({"dedup_watermark": "soon"}, "spark.dedup_watermark", "duration"),
         ({"trigger_interval": "0s"}, "spark.trigger_interval", "positive"),
         ({"source": "jdbc"}, "spark.source", "auto"),
-        ({"max_records": 5}, "spark.max_records", "Extra inputs"),
     ],
 )
 def test_bad_spark_setting_is_named(spark, setting, hint):
