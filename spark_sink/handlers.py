@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from spark_sink.transforms import DEDUP_COLUMNS, ID_BYTES, REASON
+from spark_sink.transforms import DEDUP_COLUMNS, ID_BYTES, REASON, try_cast
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def orders(records: DataFrame) -> DataFrame:
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     order = F.from_json(F.col("value").cast("string"), parsed, options)
     raw_amount = F.col("_order.amount")
-    amount = raw_amount.try_cast("double")
+    amount = try_cast("_order.amount", "DOUBLE")
     not_an_object = F.col("_order").isNull() | F.col(f"_order.{_CORRUPT}").isNotNull()
     reason = (
         F.when(not_an_object, F.lit("value is not a JSON object"))

@@ -17,12 +17,14 @@ import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
+import pyspark
 from prometheus_client import CollectorRegistry
-from pyspark import SparkFiles
+from pyspark import SparkContext, SparkFiles
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -30,7 +32,6 @@ import gateway
 import spark_sink
 from gateway.config import ConfigError
 from gateway.kafka.clients import java_client_options, librdkafka_options
-from spark_sink import kafka_source
 from spark_sink.config import SinkSettings
 from spark_sink.handlers import Handler, resolve_handler
 from spark_sink.metrics import JobListener, JobMetrics, SinkCountsCollector, serve_metrics
@@ -40,6 +41,16 @@ from spark_sink.transforms import drop_duplicate_deliveries, parse_dedup_headers
 logger = logging.getLogger(__name__)
 
 KAFKA_CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+KAFKA_CONNECTOR_ARTIFACT = "spark-sql-kafka-0-10"
+# Where `make setup` (devtools/jars.py) keeps the connector's jars, one folder per Spark
+# version: `$DEDUP_JAR_CACHE/spark-kafka-<version>/`, complete once READY is there.
+JAR_CACHE_ENV = "DEDUP_JAR_CACHE"
+DEFAULT_JAR_CACHE = "~/.cache/dedup-gateway/jars"
+JAR_CACHE_READY = ".complete"
+# Records of transactions that aborted or are still open are never read (the gateway
+# writes the clean topic in transactions). [kafka.client] "java.isolation.level"
+# overrides it.
+ISOLATION_LEVEL = "read_committed"
 # A stateful query plans one state store per shuffle partition: Spark's 200 is
 # far too many for one small topic. After each batch with data Spark would run one
 # without, only to expire the delivery dedup's state (0.5-0.8 s measured here): the
@@ -55,13 +66,11 @@ DEFAULT_CONF = {
 # Spark's default checkpoint file manager renames through Hadoop's FileContext, which on
 # a local file system without Hadoop's native library forks `readlink` for every rename
 # (32 of the 58 processes a one-record batch forked here). FileSystem.rename is atomic
-# on a local disk, so a local checkpoint_dir uses the FileSystem-based manager.
-LOCAL_CHECKPOINT_CONF = {
-    "spark.sql.streaming.checkpointFileManagerClass": (
-        "org.apache.spark.sql.execution.streaming.checkpointing."
-        "FileSystemBasedCheckpointFileManager"
-    ),
-}
+# on a local disk, so a local checkpoint_dir uses the FileSystem-based manager, whose
+# package Spark 4.1 moved (`local_checkpoint_conf`).
+CHECKPOINT_MANAGER = "FileSystemBasedCheckpointFileManager"
+CHECKPOINT_MANAGER_PACKAGE = "org.apache.spark.sql.execution.streaming.checkpointing"
+CHECKPOINT_MANAGER_PACKAGE_BEFORE_4_1 = "org.apache.spark.sql.execution.streaming"
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,72 @@ class RunReport:
     releases_published: int
     written: int
     output_rows: int
+    # "kafka": Spark's own connector; "python": spark_sink.kafka_source.
+    source: str = "kafka"
+
+
+def spark_version(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of `version`, by default the installed pyspark's."""
+    major, minor, *_ = (version or pyspark.__version__).split(".")
+    return int(major), int(minor)
+
+
+def scala_binary(version: str | None = None) -> str:
+    """The Scala line of a Spark build: 2.13 for Spark 4 (its only one), 2.12 for
+    Spark 3.5 as PyPI's pyspark ships it."""
+    return "2.12" if spark_version(version) < (4, 0) else "2.13"
+
+
+def connector_coordinates(version: str | None = None) -> str:
+    """What `--packages` (or `spark.jars.packages`) takes for Spark `version`'s connector."""
+    version = version or pyspark.__version__
+    return f"org.apache.spark:{KAFKA_CONNECTOR_ARTIFACT}_{scala_binary(version)}:{version}"
+
+
+def connector_cache_folder(version: str | None = None) -> Path:
+    """Where `make setup` keeps the connector's jars for Spark `version` (the installed
+    pyspark's by default); the same folder as `devtools.jars.connector_folder`."""
+    root = Path(os.environ.get(JAR_CACHE_ENV, DEFAULT_JAR_CACHE)).expanduser()
+    return root / f"spark-kafka-{version or pyspark.__version__}"
+
+
+def cached_connector_jars(version: str | None = None) -> list[str]:
+    """The connector's jars in `connector_cache_folder`, when a whole fetch left them."""
+    folder = connector_cache_folder(version)
+    if not (folder / JAR_CACHE_READY).is_file():
+        return []
+    return sorted(str(jar) for jar in folder.glob("*.jar"))
+
+
+def connector_jars_conf(settings: SinkSettings) -> dict[str, str]:
+    """`spark.jars` with the cached connector added, for a session the job starts
+    itself; nothing when `[spark.conf]` already names a connector, the Python source is
+    forced, or no whole fetch is cached."""
+    conf = settings.spark.conf
+    named = conf.get("spark.jars", "") + conf.get("spark.jars.packages", "")
+    if settings.spark.source == "python" or KAFKA_CONNECTOR_ARTIFACT in named:
+        return {}
+    jars = cached_connector_jars()
+    if not jars:
+        return {}
+    return {"spark.jars": ",".join([j for j in conf.get("spark.jars", "").split(",") if j] + jars)}
+
+
+def jvm_started() -> bool:
+    """Whether this process's Spark JVM runs already: a SparkContext, or spark-submit,
+    which started it and handed its address to this Python (PYSPARK_GATEWAY_PORT).
+    Jars given to a running JVM do not reach the driver's class path."""
+    return SparkContext._active_spark_context is not None or "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def local_checkpoint_conf(version: str | None = None) -> dict[str, str]:
+    """The FileSystem-based checkpoint manager, named as Spark `version` has it."""
+    package = (
+        CHECKPOINT_MANAGER_PACKAGE
+        if spark_version(version) >= (4, 1)
+        else CHECKPOINT_MANAGER_PACKAGE_BEFORE_4_1
+    )
+    return {"spark.sql.streaming.checkpointFileManagerClass": f"{package}.{CHECKPOINT_MANAGER}"}
 
 
 def build_session(settings: SinkSettings) -> SparkSession:
@@ -94,8 +169,9 @@ def build_session(settings: SinkSettings) -> SparkSession:
     if settings.spark.master:
         builder = builder.master(settings.spark.master)
     choose_worker_python(settings)
-    defaults = {**DEFAULT_CONF, **(LOCAL_CHECKPOINT_CONF if local_checkpoint(settings) else {})}
-    for key, value in {**defaults, **settings.spark.conf}.items():
+    defaults = {**DEFAULT_CONF, **(local_checkpoint_conf() if local_checkpoint(settings) else {})}
+    jars = {} if jvm_started() else connector_jars_conf(settings)
+    for key, value in {**defaults, **settings.spark.conf, **jars}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if not (session.sparkContext.master or "local").startswith("local"):
@@ -146,7 +222,9 @@ def ship_code(spark: SparkSession) -> str:
     return path
 
 
-def check_planner_python(spark: SparkSession, settings: SinkSettings) -> None:
+def check_planner_python(
+    spark: SparkSession, settings: SinkSettings, source: str | None = None
+) -> None:
     """Raise ConfigError when the Python source cannot be planned here.
 
     The Python Kafka source is planned on the driver by a Python worker that
@@ -157,8 +235,7 @@ def check_planner_python(spark: SparkSession, settings: SinkSettings) -> None:
     python = spark.sparkContext.pythonExec
     if not python or "/" not in python or os.path.isabs(python) or os.path.exists(python):
         return  # a name looked up on PATH, an absolute path, or one that is here
-    conf = settings.spark
-    if conf.source == "native" or (conf.source == "auto" and connector_available(spark)):
+    if (source or choose_source(spark, settings)) == "kafka":
         return
     raise ConfigError(
         f"spark.pyspark.python = {python!r} does not exist in {os.getcwd()}, where the "
@@ -192,32 +269,97 @@ def start_metrics(
     return stop
 
 
-def connector_available(spark: SparkSession) -> bool:
-    """Whether Spark's own Kafka connector is on the JVM classpath."""
+def connector_version(spark: SparkSession) -> str | None:
+    """The version of the Kafka connector Spark loads for `format("kafka")` (its jar's
+    Implementation-Version, "" when the jar has none); None when there is none.
+
+    Asks Spark's own lookup (DataSource.lookupDataSource: the data source registry,
+    through the class loader `format()` uses), not a class name on some loader."""
     try:
         jvm: Any = spark._jvm
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        jvm.java.lang.Class.forName(KAFKA_CONNECTOR_CLASS, False, loader)
-    except Exception:  # noqa: BLE001 (Py4JJavaError, or no JVM under Spark Connect)
-        return False
-    return True
+        sql_conf = spark._jsparkSession.sessionState().conf()
+        lookup = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource
+        provider = lookup("kafka", sql_conf)
+        if provider.getName() != KAFKA_CONNECTOR_CLASS:
+            return None
+        return str(provider.getPackage().getImplementationVersion() or "")
+    except Exception:  # noqa: BLE001 (Py4JJavaError: not found; no JVM under Spark Connect)
+        return None
 
 
-def read_clean_topic(spark: SparkSession, settings: SinkSettings) -> DataFrame:
-    """The clean topic as a stream of Kafka-shaped rows (`kafka_source.SCHEMA`)."""
+def connector_available(spark: SparkSession) -> bool:
+    """Whether Spark finds its own Kafka connector for `format("kafka")`."""
+    return connector_version(spark) is not None
+
+
+def python_source_missing() -> str | None:
+    """Why this PySpark cannot run the Python Kafka source (its Data Source API with
+    admission control is PySpark 4.2's); None when it can."""
+    try:
+        import spark_sink.kafka_source  # noqa: F401
+    except ImportError as exc:
+        return f"pyspark {pyspark.__version__} cannot run the Python Kafka source ({exc})"
+    return None
+
+
+def _connector_fix(spark: SparkSession) -> str:
+    coordinates = connector_coordinates(spark.version)
+    return (
+        f'spark-submit --packages {coordinates}, or [spark.conf] "spark.jars.packages" = '
+        f'"{coordinates}" (docs/spark-cluster.md)'
+    )
+
+
+def choose_source(spark: SparkSession, settings: SinkSettings) -> str:
+    """ "kafka" (Spark's connector) or "python" (spark_sink.kafka_source), as
+    `spark.source` asks; ConfigError, in one line naming the fix, when that one cannot
+    run here, or when the connector is of another Spark line than Spark's."""
+    wanted = settings.spark.source
+    found = connector_version(spark) if wanted != "python" else None
+    if found:
+        found_line, running_line = spark_version(found), spark_version(spark.version)
+        if found_line != running_line:
+            raise ConfigError(
+                f"Spark's Kafka connector on the classpath is {found}, Spark is "
+                f"{spark.version}: use {connector_coordinates(spark.version)} instead"
+            )
+    if found is not None:
+        return "kafka"
+    if wanted == "native":
+        raise ConfigError(
+            f'spark.source = "native" but Spark {spark.version} has no Kafka connector on '
+            f"its classpath: {_connector_fix(spark)}"
+        )
+    missing = python_source_missing()
+    if missing is None:
+        return "python"
+    if wanted == "python":
+        raise ConfigError(f'spark.source = "python": {missing}; use Spark\'s connector instead')
+    raise ConfigError(
+        f"Spark {spark.version} has no Kafka connector on its classpath and {missing}: "
+        f"{_connector_fix(spark)}"
+    )
+
+
+def read_clean_topic(
+    spark: SparkSession, settings: SinkSettings, source: str | None = None
+) -> DataFrame:
+    """The clean topic as a stream of Kafka-shaped rows (`transforms.KAFKA_SCHEMA`), from
+    `source` ("kafka" or "python"; `choose_source` when None)."""
     kafka, conf = settings.kafka, settings.spark
-    use_native = conf.source == "native" or (conf.source == "auto" and connector_available(spark))
-    client = librdkafka_options(kafka)
-    if use_native:
-        logger.info("reading %s with Spark's Kafka connector", kafka.clean_topic)
+    source = source or choose_source(spark, settings)
+    if source == "kafka":
+        logger.info("reading %s with Spark %s's Kafka connector", kafka.clean_topic, spark.version)
         reader = spark.readStream.format("kafka").option("includeHeaders", "true")
-        for key, value in java_client_options(kafka).items():
-            reader = reader.option(f"kafka.{key}", value)
+        options = {"isolation.level": ISOLATION_LEVEL, **java_client_options(kafka)}
     else:
+        from spark_sink import kafka_source
+
         logger.info("reading %s with the Python Kafka source", kafka.clean_topic)
         reader = spark.readStream.format(kafka_source.register(spark))
-        for key, value in client.items():
-            reader = reader.option(f"kafka.{key}", value)
+        options = librdkafka_options(kafka)
+    for key, value in options.items():
+        reader = reader.option(f"kafka.{key}", value)
     return (
         reader.option("subscribe", kafka.clean_topic)
         .option("startingOffsets", conf.starting_offsets)
@@ -251,12 +393,15 @@ def start_query(
     sink: Callable[[DataFrame, int], None],
     *,
     available_now: bool = False,
+    source: str | None = None,
 ) -> StreamingQuery:
     """Start the stream: every record currently there (`available_now`), or continuously.
 
-    `sink` is the foreachBatch function, normally a `BatchSink`."""
+    `sink` is the foreachBatch function, normally a `BatchSink`; `source` as
+    `read_clean_topic` takes it."""
     records = drop_duplicate_deliveries(
-        parse_dedup_headers(read_clean_topic(spark, settings)), settings.spark.dedup_watermark
+        parse_dedup_headers(read_clean_topic(spark, settings, source)),
+        settings.spark.dedup_watermark,
     )
     writer = (
         records.writeStream.foreachBatch(sink)
@@ -297,8 +442,9 @@ def run_until_idle(
     sink = make_sink(settings, handler)
     stop_metrics = start_metrics(session, settings, sink, registry)
     try:
-        check_planner_python(session, settings)
-        query = start_query(session, settings, sink, available_now=True)
+        source = choose_source(session, settings)
+        check_planner_python(session, settings, source)
+        query = start_query(session, settings, sink, available_now=True, source=source)
         try:
             query.awaitTermination()
         finally:
@@ -312,6 +458,7 @@ def run_until_idle(
             releases_published=sink.counts.releases_published,
             written=sink.counts.written,
             output_rows=count_output(session, settings.spark.output_path),
+            source=source,
         )
     finally:
         stop_metrics()
@@ -321,11 +468,16 @@ def run_until_idle(
 
 
 def count_output(spark: SparkSession, output_path: str) -> int:
-    """Rows in the Parquet output (0 when nothing has been written yet)."""
+    """Rows in the Parquet output: its `batch_id=<n>` folders; 0 while there is none
+    (no output yet, or only a batch staged under `_pending`, which Spark's reader
+    skips: it would fail to infer a schema from no files)."""
     jvm: Any = spark._jvm
     path = jvm.org.apache.hadoop.fs.Path(output_path)
     fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
     if not fs.exists(path):
+        return 0
+    names = [str(status.getPath().getName()) for status in fs.listStatus(path)]
+    if not any(name.startswith("batch_id=") for name in names):
         return 0
     return spark.read.parquet(output_path).count()
 
@@ -341,10 +493,16 @@ def run_forever(
     `registry`: where the job's metrics go (`start_metrics`)."""
     own_session = spark is None
     session = spark or build_session(settings)
+    try:
+        source = choose_source(session, settings)
+        check_planner_python(session, settings, source)
+    except ConfigError:
+        if own_session:
+            session.stop()
+        raise
     sink = make_sink(settings)
-    check_planner_python(session, settings)
     stop_metrics = start_metrics(session, settings, sink, registry)
-    query = start_query(session, settings, sink)
+    query = start_query(session, settings, sink, source=source)
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -1,8 +1,13 @@
 """A Kafka source for Structured Streaming on PySpark's Python Data Source API.
 
-Spark's own connector (`format("kafka")`) is used when its classes are on the
-classpath; this source stands in where they are not, with the same output
-schema (`SCHEMA`), so everything downstream is unaware which one ran.
+Spark's own connector (`format("kafka")`) is used when Spark finds it; this source
+stands in where it is absent (`[spark] source = "python"`, or `"auto"` without the
+connector), with the same output schema (`SCHEMA`), so everything downstream is
+unaware which one ran. It needs PySpark 4.2 or later (the streaming reader's
+admission control: `ReadLimit`, `latestOffset(start, limit)`); importing this module
+on an older PySpark raises ImportError (`spark_sink.job.python_source_missing`).
+Records of aborted or open transactions are skipped: librdkafka's default
+`isolation.level` is `read_committed`.
 
 Offsets are Spark-style JSON, one next-offset-to-read per partition:
 `{"clean": {"0": 1042, "1": 977}}`. Spark journals each micro-batch's
@@ -13,9 +18,10 @@ replays an unfinished batch exactly.
 Why no ListOffsets: partition ends come from the high watermark carried in
 fetch responses. The driver keeps one consumer, `assign()`s every partition at
 its end and waits for the end-of-partition event that a fetch response
-triggers; the event carries the high watermark. ListOffsets "latest" is wrong on
-the test broker for multi-record batches (see ENVIRONMENT.md), the fetch
-response is right on every broker. No consumer group is ever joined.
+triggers; the event carries the high watermark (under read_committed, the last
+stable offset). ListOffsets "latest" was wrong on a Kafka-protocol broker the tests
+once used, for multi-record batches; the fetch response is right on every broker.
+No consumer group is ever joined.
 
 Options (case-insensitive, all strings):
 - `subscribe`: comma-separated topics (required);
@@ -53,39 +59,16 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
+
+from spark_sink.transforms import KAFKA_SCHEMA
 
 logger = logging.getLogger(__name__)
 
 SOURCE_NAME = "dedup_kafka"
 
 # Spark's Kafka source schema, with includeHeaders=true.
-SCHEMA = StructType(
-    [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-        StructField(
-            "headers",
-            ArrayType(
-                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-            ),
-        ),
-    ]
-)
+SCHEMA = KAFKA_SCHEMA
 
 # {topic: {partition: next offset}}; the JSON form has string partition keys.
 Offsets = dict[str, dict[int, int]]
@@ -408,7 +391,25 @@ class _Options:
             ) from exc
 
 
-class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _RangeReader:
+    """What the stream and batch readers share: executors read one `KafkaRange` each."""
+
+    _options: _Options
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, KafkaRange):
+            # Spark reads one placeholder partition when partitions() returned none.
+            return iter(())
+        return read_range(
+            self._options.client_config,
+            partition.topic,
+            partition.partition,
+            partition.start,
+            partition.end,
+        )
+
+
+class KafkaStreamReader(_RangeReader, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver side of the stream: plans offset ranges; executors read them."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
@@ -455,18 +456,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             KafkaRange(*r) for r in plan_ranges(offsets_from_json(start), offsets_from_json(end))
         ]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, KafkaRange):
-            # Spark reads one placeholder partition when partitions() returned none.
-            return iter(())
-        return read_range(
-            self._options.client_config,
-            partition.topic,
-            partition.partition,
-            partition.start,
-            partition.end,
-        )
-
     def commit(self, end: dict[str, Any]) -> None:
         # Spark's checkpoint is the only record of progress; nothing to tell Kafka.
         pass
@@ -477,7 +466,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._consumer = None
 
 
-class KafkaBatchReader(DataSourceReader):
+class KafkaBatchReader(_RangeReader, DataSourceReader):
     """`spark.read.format(...)`: one bounded read between startingOffsets and endingOffsets."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
@@ -491,18 +480,6 @@ class KafkaBatchReader(DataSourceReader):
         finally:
             consumer.close()
         return [KafkaRange(*r) for r in plan_ranges(start, end)]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, KafkaRange):
-            # Spark reads one placeholder partition when partitions() returned none.
-            return iter(())
-        return read_range(
-            self._options.client_config,
-            partition.topic,
-            partition.partition,
-            partition.start,
-            partition.end,
-        )
 
 
 class KafkaDataSource(DataSource):

@@ -76,6 +76,10 @@ from spark_sink.transforms import (
 
 logger = logging.getLogger(__name__)
 
+# Spark 3.5's Observation.get (a method there, a property in PySpark 4) waits for
+# metrics that an optimized-away node never sends.
+OBSERVATION_GET_WAITS = callable(getattr(Observation, "get", None))
+
 MARKERS_KEPT = 100
 # Outcomes are a copy of a batch's records: keep the previous batch's for inspection only.
 OUTCOMES_KEPT = 1
@@ -195,7 +199,9 @@ def _summary_columns() -> tuple[Column, ...]:
         F.count_if(~failed).alias("ok"),
         F.count_if(failed).alias("failed"),
         # collect_list skips nulls: the commands of the failed rows that can be released.
-        F.collect_list(release_command()).alias("commands"),
+        # As one JSON string (binary fields in base64): a plain value whatever Spark hands
+        # back, where Spark 3.5's observations give JVM objects for nested values.
+        F.to_json(F.collect_list(release_command())).alias("commands"),
         F.min(F.when(failed, F.col(REASON))).alias("first_reason"),
         F.max(F.when(failed, F.col(REASON))).alias("last_reason"),
     )
@@ -225,13 +231,29 @@ def input_fingerprint(records: DataFrame) -> tuple[int, str]:
     return int(row.n), f"{row.n}:{row.x}"
 
 
-def _observed(observation: Observation) -> dict[str, Any] | None:
-    """An observation's metrics after the action that ran its plan; None when the optimizer
-    removed the observed node (an empty relation: Spark then has no metrics row)."""
+def _observed(observation: Observation, written: DataFrame) -> dict[str, Any] | None:
+    """An observation's metrics after the action that wrote `written` ran its plan; None
+    when the optimizer removed the observed node (an empty relation: Spark then has no
+    metrics row).
+
+    PySpark 4 raises for a removed node; Spark 3.5 would wait for its metrics forever, so
+    there the written plan is looked at first (one optimization of it more per batch)."""
+    if OBSERVATION_GET_WAITS:
+        plan = written._jdf.queryExecution().optimizedPlan().toString()
+        if f"CollectMetrics {observation._name}," not in plan:
+            return None
+        got: Any = observation.get
+        return dict(got())
     try:
         return observation.get
     except Py4JJavaError:
         return None
+
+
+def _release_commands(commands: str | None) -> tuple[tuple[bytes, bytes], ...]:
+    """The (key, value) pairs of the summary's `commands` (`_summary_columns`)."""
+    decode = base64.b64decode
+    return tuple((decode(c["key"]), decode(c["value"])) for c in json.loads(commands or "[]"))
 
 
 def marker_text(fingerprint: str) -> str:
@@ -326,7 +348,8 @@ class BatchSink:
     def _process(self, records: DataFrame, batch_id: int) -> None:
         files, out = self._reuse(records.sparkSession)
         stored = self.outcomes(records, batch_id, files, out)
-        if stored.records == 0:
+        if stored.records == 0:  # Spark's first batch on a topic without records yet
+            out.delete(self.pending(batch_id))  # its empty staging: nothing to publish
             return
         warn_if_mostly_failed(
             list(stored.reasons), batch_id, stored.records, stored.failed,
@@ -414,8 +437,9 @@ class BatchSink:
         seen, outcome = Observation("dedup_sink_input"), Observation("dedup_sink_outcomes")
         fingerprint_columns, summary = batch_columns(records.sparkSession)
         results = with_id_bytes(handler(records.observe(seen, *fingerprint_columns)))
-        self.stage_output(ok_rows(results.observe(outcome, *summary)), uri)
-        fingerprint, counts = _observed(seen), _observed(outcome)
+        written = ok_rows(results.observe(outcome, *summary))
+        self.stage_output(written, uri)
+        fingerprint, counts = _observed(seen, written), _observed(outcome, written)
         if fingerprint is None:  # the handler's plan cut its input out (e.g. `limit(0)`)
             fingerprint = dict(zip("nx", input_fingerprint(records)[1].split(":"), strict=True))
         if counts is None:
@@ -424,7 +448,7 @@ class BatchSink:
             row = results.agg(*summary).first()
             assert row is not None  # a global aggregate always has one row
             counts = row.asDict()
-        commands = tuple((bytes(c["key"]), bytes(c["value"])) for c in counts["commands"])
+        commands = _release_commands(counts["commands"])
         reasons = [counts["first_reason"], counts["last_reason"]]
         reasons += [json.loads(value)["reason"] for _, value in commands[:REASONS_SHOWN]]
         return StoredOutcomes(

@@ -1,6 +1,6 @@
 """Pure DataFrame transforms of the sink: no I/O, same result on a stream or a small batch.
 
-The record path: Kafka-shaped rows (`kafka_source.SCHEMA`) -> `parse_dedup_headers`
+The record path: Kafka-shaped rows (`KAFKA_SCHEMA`) -> `parse_dedup_headers`
 -> `drop_duplicate_deliveries` (streams only) -> the handler -> `split_results`
 -> Parquet for the ok rows, `release_command` for the failed ones.
 """
@@ -11,6 +11,16 @@ from datetime import timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from gateway.contract.records import H_ATTEMPT as HEADER_ATTEMPT
 from gateway.contract.records import H_ID as HEADER_ID
@@ -33,14 +43,46 @@ _DEDUP_KEY = "_dedup_key"
 
 _SOURCE_PATTERN = r"^(.+)/(\d+)/(\d+)$"
 
+# The rows of Spark's Kafka source with includeHeaders=true; the Python source
+# (spark_sink.kafka_source) gives the same.
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+            ),
+        ),
+    ]
+)
+
+
+def try_cast(sql: str, type_name: str) -> Column:
+    """The SQL expression `sql` cast to `type_name`, null where it does not convert
+    (SQL's `try_cast`, in Spark 3.5 too: `Column.try_cast` is PySpark 4's)."""
+    return F.expr(f"try_cast({sql} AS {type_name})")
+
+
+def header_bytes_sql(name: str) -> str:
+    """The first value of header `name` as bytes, null when absent, in SQL.
+
+    Found by position in the array of keys, not with a lambda (`filter`): Spark
+    interprets higher-order functions row by row, outside its generated code."""
+    if "'" in name or "\\" in name:
+        raise ValueError(f"header name {name!r} is not a plain SQL string")
+    return f"get(headers.value, CAST(array_position(headers.key, '{name}') AS INT) - 1)"
+
 
 def header_bytes(name: str) -> Column:
-    """The first value of header `name` as bytes, null when absent.
-
-    Found by position in the array of keys, not with a lambda (`F.filter`): Spark
-    interprets higher-order functions row by row, outside its generated code."""
-    position = F.array_position(F.col("headers")["key"], name).cast("int")
-    return F.get(F.col("headers")["value"], position - 1)
+    """The first value of header `name` as bytes, null when absent."""
+    return F.expr(header_bytes_sql(name))
 
 
 def header(name: str) -> Column:
@@ -53,7 +95,7 @@ def parse_dedup_headers(records: DataFrame) -> DataFrame:
     1 when the header is absent or not a number), dedup_reasons (earlier
     failure reasons, array of strings, empty when absent) and dedup_id_bytes
     (the dedup-id header's exact bytes) from the headers."""
-    attempt = header(HEADER_ATTEMPT).try_cast("int")
+    attempt = try_cast(f"CAST({header_bytes_sql(HEADER_ATTEMPT)} AS STRING)", "INT")
     return records.select(
         "*",
         header(HEADER_ID).alias("dedup_id"),

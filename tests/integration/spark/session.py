@@ -1,5 +1,6 @@
-"""The one SparkSession a pytest run shares (starting one costs ~10 s), plus
-helpers to produce records shaped as the gateway writes them."""
+"""The one SparkSession a pytest run shares (starting one costs ~10 s), with Spark's
+Kafka connector on its classpath as the job has it, plus helpers to produce records
+shaped as the gateway writes them, and the marks of tests that need the Python source."""
 
 from __future__ import annotations
 
@@ -10,12 +11,37 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyspark
 import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
+from devtools.jars import spark_kafka_jars
 from gateway.contract.tokens import owner_token
-from spark_sink.job import DEFAULT_CONF
+from spark_sink.job import DEFAULT_CONF, python_source_missing
+
+# Why this pyspark cannot run spark_sink.kafka_source (None: it can, 4.2+).
+PYTHON_SOURCE_MISSING = python_source_missing()
+# The marks of a test of the Python source: its own subset (`-m spark_python_source`),
+# skipped on a pyspark without its API (the compat venvs: `make spark-compat`).
+PYTHON_SOURCE = (
+    pytest.mark.spark_python_source,
+    pytest.mark.skipif(PYTHON_SOURCE_MISSING is not None, reason=str(PYTHON_SOURCE_MISSING)),
+)
+
+
+def python_source_test(test: Any) -> Any:
+    """Marks a test of the Python source (`PYTHON_SOURCE`)."""
+    for mark in PYTHON_SOURCE:
+        test = mark(test)
+    return test
+
+
+def skip_module_without_python_source() -> None:
+    """Skip the calling test module where the Python source cannot even be imported."""
+    if PYTHON_SOURCE_MISSING is not None:
+        pytest.skip(PYTHON_SOURCE_MISSING, allow_module_level=True)
+
 
 # pyspark warns about versions it was not built against; nothing to fix on our side.
 SPARK_WARNING_FILTERS = ("ignore:PySpark does not yet fully support pandas:FutureWarning",)
@@ -29,11 +55,15 @@ def add_spark_warning_filters(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """local[2], the job's own defaults (spark_sink.job.DEFAULT_CONF) but two shuffle
-    partitions (= two state stores per stateful batch), no UI."""
+    partitions (= two state stores per stateful batch), no UI; Spark's Kafka connector
+    for this pyspark (devtools/jars.py, fetched once) on the classpath, as the job puts
+    it there when it starts Spark itself."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    connector = sorted(str(jar) for jar in spark_kafka_jars(pyspark.__version__).glob("*.jar"))
     builder = SparkSession.builder.master("local[2]").appName("spark-sink-tests")
     for key, value in {
         **DEFAULT_CONF,
+        "spark.jars": ",".join(connector),
         "spark.sql.shuffle.partitions": "2",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

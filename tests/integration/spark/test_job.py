@@ -1,5 +1,7 @@
 """The whole job (run_until_idle) against a real broker: exactly-once Parquet output,
-dropped duplicate deliveries, and one release command per failure."""
+dropped duplicate deliveries, and one release command per failure. On Spark's Kafka
+connector (the shared session has it, as the job has it by default); the tests
+parametrized with `source` run on the Python source too (`-m spark_python_source`)."""
 
 from __future__ import annotations
 
@@ -23,16 +25,20 @@ from spark_sink.config import SinkSettings, load_sink_settings
 from spark_sink.handlers import orders
 from spark_sink.job import connector_available, make_sink, run_until_idle, start_query
 from spark_sink.sink import OUTCOMES_MARKER, BatchSink, CheckpointFiles, parse_outcomes_marker
-from tests.integration.spark.session import Clean, order, produce, source_token
+from tests.integration.spark.session import PYTHON_SOURCE, Clean, order, produce, source_token
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.spark_compat]
+
+# "kafka": `source = "auto"`, which finds the connector; "python": the Python source.
+SOURCES = ["kafka", pytest.param("python", marks=PYTHON_SOURCE)]
 
 
 @pytest.fixture
 def make_settings(broker: str, names: Callable[[str], str], tmp_path: Path):
-    """Settings on fresh clean/failure topics (3 and 1 partitions), Python source."""
+    """Settings on fresh clean/failure topics (3 and 1 partitions); `source` "kafka"
+    (the default: `auto`, which picks Spark's connector) or "python"."""
 
-    def make(**spark: Any) -> SinkSettings:
+    def make(source: str = "kafka", **spark: Any) -> SinkSettings:
         clean, failures = names("clean"), names("failures")
         asyncio.run(create_topics(broker, {clean: 3, failures: 1}))
         return load_sink_settings(
@@ -40,7 +46,7 @@ def make_settings(broker: str, names: Callable[[str], str], tmp_path: Path):
             spark={
                 "checkpoint_dir": str(tmp_path / "checkpoint"),
                 "output_path": str(tmp_path / "output"),
-                "source": "auto",  # no connector here: picks the Python source
+                "source": "auto" if source == "kafka" else source,
                 # The tests' records are JSON orders; the default handler passes everything.
                 "handler": "spark_sink.handlers:orders",
                 **spark,
@@ -61,10 +67,11 @@ def release_commands(broker: str, settings: SinkSettings, expected: int) -> list
     return commands
 
 
+@pytest.mark.parametrize("source", SOURCES)
 def test_orders_are_written_once_and_invalid_ones_released_with_their_token(
-    spark, broker, make_settings
+    spark, broker, make_settings, source
 ):
-    settings = make_settings(max_records_per_batch=10)
+    settings = make_settings(source, max_records_per_batch=10)
     records = [order(n, partitions=3) for n in range(24)]
     records[5] = order(5, partitions=3, amount=-3)
     records[9] = order(9, partitions=3, amount=None)
@@ -72,8 +79,9 @@ def test_orders_are_written_once_and_invalid_ones_released_with_their_token(
     records[11] = order(11, partitions=3, amount=-1, attempt=3)
     produce(broker, settings.kafka.clean_topic, records)
 
-    assert not connector_available(spark)  # so "auto" runs the Python source
+    assert connector_available(spark)  # so "auto" picks it
     report = run_until_idle(settings, spark=spark)
+    assert report.source == source
 
     assert (report.input_rows, report.processed, report.failed) == (24, 24, 3)
     assert (report.written, report.output_rows, report.releases_published) == (21, 21, 3)
@@ -109,14 +117,15 @@ def test_orders_are_written_once_and_invalid_ones_released_with_their_token(
     assert len(release_commands(broker, settings, 0)) == 3
 
 
+@pytest.mark.parametrize("source", SOURCES)
 def test_a_replayed_delivery_is_dropped_and_each_new_source_record_or_attempt_passes(
-    spark, broker, make_settings
+    spark, broker, make_settings, source
 ):
     """The gateway's crash window forwards one raw record again, with the same token:
     the sink keeps the first. A retry (next attempt), a producer resend after a
     release and an operator redrive are new source records or attempts under the same
     id, with new tokens: each is new work."""
-    settings = make_settings(max_records_per_batch=4)
+    settings = make_settings(source, max_records_per_batch=4)
     first = [order(n, partitions=3) for n in range(6)]
     replays = [order(n, partitions=3) for n in (1, 2, 4)]  # the same raw records again
     retry = order(3, partitions=3, attempt=2)
@@ -177,10 +186,11 @@ class CrashAfterBatch:
             raise RuntimeError(f"simulated crash after batch {batch_id}")
 
 
+@pytest.mark.parametrize("source", SOURCES)
 def test_rerun_batch_after_crash_outputs_each_record_once_and_releases_each_failure_once(
-    spark, broker, make_settings
+    spark, broker, make_settings, source
 ):
-    settings = make_settings(max_records_per_batch=5)
+    settings = make_settings(source, max_records_per_batch=5)
     produce(broker, settings.kafka.clean_topic, [order(n, partitions=3) for n in range(15)])
     handler = failing_ids(["o-1", "o-7", "o-8", "o-13"], reason="customer blocked")
 

@@ -1,4 +1,5 @@
-"""The Python Kafka source against a real broker, inside real Spark queries."""
+"""The Python Kafka source against a real broker, inside real Spark queries (a subset of
+its own, `-m spark_python_source`: the job reads with Spark's connector by default)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,20 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from devtools.topics import create_topics
-from spark_sink.kafka_source import SCHEMA, register
-from tests.integration.spark.session import Clean, order, produce, source_token
+from tests.integration.spark.session import (
+    PYTHON_SOURCE,
+    Clean,
+    order,
+    produce,
+    skip_module_without_python_source,
+    source_token,
+)
 
-pytestmark = pytest.mark.spark
+skip_module_without_python_source()
+
+from spark_sink.kafka_source import SCHEMA, register  # noqa: E402 (needs PySpark 4.2)
+
+pytestmark = [pytest.mark.spark, *PYTHON_SOURCE]
 
 
 def source(spark: SparkSession, bootstrap: str, topic: str, stream: bool = True, **options: str):
@@ -163,9 +174,9 @@ def test_restart_replays_an_unfinished_batch_and_then_continues(spark, broker, n
 def test_partitions_that_appear_while_running_are_read_from_their_beginning(
     spark, broker, names, tmp_path
 ):
-    """Tansu cannot add partitions to a topic (no CreatePartitions), so the new
-    partitions here are those of a subscribed topic created between two runs:
-    the same path (partitions missing from the checkpoint start at offset 0)."""
+    """The new partitions here are those of a subscribed topic created between two
+    runs: the same path as partitions added to a topic (partitions missing from the
+    checkpoint start at offset 0)."""
     first_topic, later_topic = names("src-first"), names("src-later")
     asyncio.run(create_topics(broker, {first_topic: 2}))
     produce(broker, first_topic, [order(n, partitions=2) for n in range(6)])

@@ -1,6 +1,6 @@
 """The whole loop: raw traffic with duplicates -> gateway -> Spark job, whose
-handler fails chosen ids twice -> release commands -> gateway retries -> Spark.
-Every id ends in the output exactly once."""
+handler fails chosen ids twice -> release commands -> gateway retries -> Spark (on
+Spark's Kafka connector). Every id ends in the output exactly once."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from spark_sink.config import load_sink_settings
 from spark_sink.job import run_until_idle
 from tests.conftest import redis_urls
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.spark_compat]
 
 
 async def test_failed_ids_are_retried_by_the_gateway_and_each_id_is_output_once(
@@ -47,6 +47,7 @@ async def test_failed_ids_are_retried_by_the_gateway_and_each_id_is_output_once(
         await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
         for attempt in (1, 2):  # Spark fails the chosen ids; the gateway forwards them again
             report = run_until_idle(sink_settings, spark=spark, handler=handler)
+            assert report.source == "kafka"
             assert report.failed == report.releases_published == len(chosen)
             await eventually(lambda a=attempt: counter_value(m.retries, str(a + 1)) == len(chosen))
         final = run_until_idle(sink_settings, spark=spark, handler=handler)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from spark_sink.kafka_source import arrow_schema, to_batch
+from tests.integration.spark.session import PYTHON_SOURCE, skip_module_without_python_source
+
+skip_module_without_python_source()
+
+from spark_sink.kafka_source import arrow_schema, to_batch  # noqa: E402 (needs PySpark 4.2)
+
+pytestmark = list(PYTHON_SOURCE)
 
 
 class Message:

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from spark_sink.kafka_source import (
+from tests.integration.spark.session import PYTHON_SOURCE, skip_module_without_python_source
+
+skip_module_without_python_source()
+
+from spark_sink.kafka_source import (  # noqa: E402 (needs PySpark 4.2)
     fair_shares,
     offsets_from_json,
     offsets_to_json,
     plan_end,
     plan_ranges,
 )
+
+pytestmark = list(PYTHON_SOURCE)
 
 
 def test_offsets_round_trip_through_spark_json_form():

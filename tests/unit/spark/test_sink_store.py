@@ -11,11 +11,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_sink import sink as sink_module
 from spark_sink.handlers import Handler, passthrough
-from spark_sink.kafka_source import SCHEMA
 from spark_sink.sink import OUTCOMES_MARKER, BatchSink, CheckpointFiles
+from spark_sink.transforms import KAFKA_SCHEMA as SCHEMA
 from spark_sink.transforms import parse_dedup_headers
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.spark_compat]
 
 
 def records(spark: SparkSession, *offsets: int) -> DataFrame:

@@ -20,7 +20,9 @@ from spark_sink.handlers import (
     orders,
     resolve_handler,
 )
-from spark_sink.kafka_source import SCHEMA
+from spark_sink.transforms import (
+    KAFKA_SCHEMA as SCHEMA,
+)
 from spark_sink.transforms import (
     all_failed,
     batch_time,
@@ -30,7 +32,7 @@ from spark_sink.transforms import (
     split_results,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.spark_compat]
 
 
 def kafka_rows(
