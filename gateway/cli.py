@@ -20,12 +20,16 @@ from typing import Any
 import uvloop
 
 from gateway.config import CONFIG_ENV, ConfigError, Settings, effective, load_settings
+from gateway.errors import BrokerUnreachable
 from gateway.logs import configure
 from gateway.metrics import package_version
 from gateway.settings_text import to_toml
 
 logger = logging.getLogger("gateway")
 GC_YOUNG = 20_000
+# The exit code of a command that could not connect to the broker (or, `check-config
+# --connect`, found anything unreachable); 2 is a bad setting, 1 "not done".
+EXIT_UNREACHABLE = 3
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -177,16 +181,20 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 async def _topics_on_broker(args: argparse.Namespace, settings: Settings, specs: list[Any]) -> int:
     from gateway.ops import topics
+    from gateway.ops.broker import reaching_broker
 
     admin = topics.admin_client(settings.kafka)
     try:
-        await admin.start()
-        existing = await topics.existing_topics(admin, [s.name for s in specs])
-        created: list[topics.Created] = []
-        if args.create:
-            brokers = len((await admin.describe_cluster())["brokers"])
-            replication = args.replication_factor or min(3, brokers)
-            created = await topics.create_missing(admin, specs, existing, replication, args.dry_run)
+        async with reaching_broker(settings.kafka, verbose=args.verbose):
+            await admin.start()
+            existing = await topics.existing_topics(admin, [s.name for s in specs])
+            created: list[topics.Created] = []
+            if args.create:
+                brokers = len((await admin.describe_cluster())["brokers"])
+                replication = args.replication_factor or min(3, brokers)
+                created = await topics.create_missing(
+                    admin, specs, existing, replication, args.dry_run
+                )
     finally:
         await admin.close()
     failed = [c for c in created if c.error]
@@ -325,16 +333,24 @@ EXAMPLES = {
         "examples:\n  dedup-gateway topics --config gateway.toml\n"
         "  dedup-gateway topics --config gateway.toml --create --dry-run\n"
         "  dedup-gateway topics --config gateway.toml --create --partitions 12\n\n"
-        "exit codes: 0 done, 1 a topic could not be created (or, with --check, is missing)"
+        "exit codes: 0 done, 1 a topic could not be created (or, with --check, is missing),\n"
+        "2 invalid settings, 3 (--create, --check) cannot connect to the broker\n"
+        "([kafka] bootstrap_servers): one line on stderr"
     ),
-    "inspect": "example:\n  dedup-gateway inspect --config gateway.toml order-1234",
+    "inspect": (
+        "example:\n  dedup-gateway inspect --config gateway.toml order-1234\n\n"
+        "exit codes: 0 shown, 2 invalid settings, 3 ([delay] on) cannot connect to the\n"
+        "broker to read the tiers ([kafka] bootstrap_servers): one line on stderr"
+    ),
     "release": (
         "examples:\n  dedup-gateway release --config gateway.toml order-1234 --token TOKEN\n"
         "  dedup-gateway release --config gateway.toml --id-hex 6f72646572 --yes --dry-run"
     ),
     "redrive": (
         "example:\n  dedup-gateway redrive --config gateway.toml --limit 100 --dry-run\n\n"
-        "progress on stderr: a bar on a terminal, else a JSON line every 10 s"
+        "progress on stderr: a bar on a terminal, else a JSON line every 10 s\n\n"
+        "exit codes: 0 done, 1 a dead letter not redriven, 2 invalid settings, 3 cannot\n"
+        "connect to the broker ([kafka] bootstrap_servers): one line on stderr"
     ),
     "pause": "example:\n  dedup-gateway pause --config gateway.toml redis-1.internal:6379/0",
     "resume": "example:\n  dedup-gateway resume --config gateway.toml redis-1.internal:6379/0",
@@ -448,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dedup-gateway: {exc}", file=sys.stderr)
         return 2
+    except BrokerUnreachable as exc:
+        print(f"dedup-gateway: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     return code
 
 

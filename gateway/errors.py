@@ -1,6 +1,8 @@
 """The gateway's error hierarchy: one root, and a `retriable` flag callers act on.
 
 - `ConfigError`: a setting to fix; start-up stops with one line naming it.
+- `BrokerUnreachable`: an operator command could not connect to the broker; one line
+  naming `[kafka] bootstrap_servers`, exit code 3 (gateway/ops/broker.py).
 - `BadRecord`: a raw record the gateway cannot judge; it goes to quarantine.
 - `InvalidCommand`: a failure-topic command that cannot be acted on; skipped.
 
@@ -45,6 +47,21 @@ class ConfigError(GatewayError, ValueError):
 
 class CredentialsRefused(ConfigError):
     """A Redis member refused the user/password of its URL: a setting to fix, not an outage."""
+
+
+class BrokerUnreachable(GatewayError):
+    """No connection to the broker `[kafka] bootstrap_servers` names (an operator command;
+    the service itself waits, unready, until it connects)."""
+
+    retriable = True
+
+    def __init__(self, bootstrap_servers: str, reason: str) -> None:
+        super().__init__(
+            f"cannot connect to the broker: [kafka] bootstrap_servers = "
+            f'"{bootstrap_servers}" ({reason})'
+        )
+        self.bootstrap_servers = bootstrap_servers
+        self.reason = reason
 
 
 class BadRecord(GatewayError, ValueError):

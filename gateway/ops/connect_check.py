@@ -34,7 +34,9 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from gateway.config import Settings
 from gateway.delay.leftovers import read_clean_topics, tier_of, unnamed_tiers
+from gateway.errors import BrokerUnreachable
 from gateway.member_urls import member_name
+from gateway.ops.broker import reaching_broker
 from gateway.ops.topics import admin_client, existing_topics, needed_topics
 from gateway.quorum import scripts
 from gateway.quorum.members import client_for, node_client_for
@@ -258,7 +260,13 @@ async def _check_kafka(settings: Settings, timeout_s: float) -> list[Finding]:
     where = f"kafka {kafka.bootstrap_servers}"
     admin = admin_client(kafka)
     try:
-        await asyncio.wait_for(admin.start(), timeout_s)
+        async with reaching_broker(kafka):
+            await asyncio.wait_for(admin.start(), timeout_s)
+    except BrokerUnreachable as exc:
+        await admin.close()
+        return [
+            error(where, f"cannot connect to the broker ([kafka] bootstrap_servers): {exc.reason}")
+        ]
     except (TimeoutError, KafkaError, OSError) as exc:
         await admin.close()
         return [error(where, f"cannot reach the broker: {exc!r}")]

@@ -9,6 +9,8 @@ from gateway.config import Settings
 from gateway.contract.records import source_ref
 from gateway.contract.tokens import is_released, mark_digest
 from gateway.delay.scan import Scan, find_waiting
+from gateway.errors import BrokerUnreachable
+from gateway.ops.broker import reaching_broker
 from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import Output, id_fields, print_json, table, ttl_text, when_text
 from gateway.progress import Progress
@@ -47,9 +49,15 @@ async def _scan(settings: Settings, message_id: bytes) -> Scan:
     """The delay tiers' scan, its progress on stderr (it may read many records)."""
     progress = Progress("inspect: delay tier records read")
     try:
-        return await find_waiting(settings, message_id, progress)
-    finally:
+        async with reaching_broker(settings.kafka):
+            scan = await find_waiting(settings, message_id, progress)
+    except BrokerUnreachable:  # nothing read: no progress report, the one line says why
+        raise
+    except BaseException:
         progress.finish()
+        raise
+    progress.finish()
+    return scan
 
 
 async def _print_waiting(settings: Settings, message_id: bytes) -> None:

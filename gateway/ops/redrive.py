@@ -11,12 +11,20 @@ from gateway.config import Settings
 from gateway.contract.records import H_ID, H_SOURCE, PREFIX, Record, parse_source_ref, source_ref
 from gateway.contract.replies import RELEASED
 from gateway.contract.tokens import dead_token, mark_digest
+from gateway.errors import BrokerUnreachable
 from gateway.kafka.clients import build_consumer, build_producer, partitions_of
+from gateway.ops.broker import reaching_broker
 from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import Output, id_fields, print_json
 from gateway.ops.release import would_release
 from gateway.progress import Progress
 from gateway.quorum.quorum import Quorum
+
+
+async def _close(quorum: Quorum, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer) -> None:
+    await quorum.close()
+    await producer.stop()
+    await consumer.stop()
 
 
 @dataclass
@@ -57,15 +65,18 @@ async def redrive(
     quorum = command_quorum(settings.redis)
     run = _Redrive(settings, consumer, producer, quorum, dry_run, output == "text" and verbose)
     run.progress = progress or Progress("redrive")
-    await consumer.start()
-    await producer.start()
+    try:
+        async with reaching_broker(kafka, verbose=verbose):
+            await consumer.start()
+            await producer.start()
+    except BrokerUnreachable:  # nothing read: no progress report, the one line says why
+        await _close(quorum, producer, consumer)
+        raise
     try:
         await run.run(limit)
     finally:
         run.progress.finish()
-        await quorum.close()
-        await producer.stop()
-        await consumer.stop()
+        await _close(quorum, producer, consumer)
     failed = bool(run.stopped or run.skipped)
     if output == "json":
         print_json({"dry_run": dry_run, "redriven": [asdict(o) for o in run.redriven],
