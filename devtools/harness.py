@@ -134,6 +134,9 @@ def write_toml(path: Path, settings: Settings) -> Path:
         f'group_id = "{k.group_id}"',
         f"max_batch_records = {k.max_batch_records}",
         f'session_timeout = "{int(k.session_timeout.total_seconds() * 1000)}ms"',
+        f'exactly_once = "{k.exactly_once}"',
+        f'transaction_timeout = "{int(k.transaction_timeout.total_seconds() * 1000)}ms"',
+        *([f'group_instance_id = "{k.group_instance_id}"'] if k.group_instance_id else []),
         "[redis]",
         "nodes = [" + ", ".join(f'"{n}"' for n in r.nodes) + "]",
         f'timeout = "{int(r.timeout.total_seconds() * 1000)}ms"',
@@ -189,8 +192,9 @@ def ids_of(records: list[ConsumerRecord[bytes, bytes]]) -> Counter[str]:
     return Counter(dict(r.headers)["dedup-id"].decode() for r in records)
 
 
-async def clean_ids(bootstrap: str, topic: str) -> Counter[str]:
-    return ids_of(await read_topic(bootstrap, topic))
+async def clean_ids(bootstrap: str, topic: str, committed: bool = True) -> Counter[str]:
+    """The ids on the clean topic, as a `read_committed` reader sees them (or not)."""
+    return ids_of(await read_topic(bootstrap, topic, committed=committed))
 
 
 RawTuple = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]

@@ -75,6 +75,7 @@ class ManagedProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
+    start_timeout_s: float = START_TIMEOUT_S
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ class ManagedProcess:
         self.proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        wait_for_port(self.port, self.proc, self.name)
+        wait_for_port(self.port, self.proc, self.name, self.start_timeout_s)
 
     @property
     def name_label(self) -> str:
@@ -471,6 +472,9 @@ BROKER_SETTINGS = {
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
     "group.min.session.timeout.ms": "500",
+    # A transaction left open by a killed producer is aborted within a second of its
+    # timeout (the default checks every 10 s).
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
     "num.partitions": "1",
     # Hostile input the tests produce on purpose, which a default Kafka 4 broker refuses
     # at the producer: records over 1 MiB (the gateway must quarantine them, as a raw
@@ -567,7 +571,10 @@ def kafka_broker(
     log4j = Path(__file__).resolve().parent.parent / "scripts" / "jvm" / "kafka-log4j2.properties"
     argv = [java, *BROKER_JVM, f"-Dlog4j2.configurationFile={log4j}",
             "-cp", f"{jars}/*", "kafka.Kafka", str(properties)]  # fmt: skip
-    return KafkaBroker("broker", port, argv, work / "broker.log", data=data, properties=properties)
+    return KafkaBroker(
+        "broker", port, argv, work / "broker.log",
+        start_timeout_s=BROKER_START_TIMEOUT_S, data=data, properties=properties,
+    )  # fmt: skip
 
 
 @dataclass

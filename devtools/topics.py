@@ -55,15 +55,26 @@ async def _not_led(admin: AIOKafkaAdminClient, partitions: Mapping[str, int]) ->
 
 
 async def read_topic(
-    bootstrap: str, topic: str, *, min_records: int = 0, timeout_s: float = 30
+    bootstrap: str,
+    topic: str,
+    *,
+    min_records: int = 0,
+    timeout_s: float = 30,
+    committed: bool = True,
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """Every record in `topic`, reading until each partition's high watermark.
 
+    `committed`: as a `read_committed` reader sees it (no record of an aborted
+    transaction; a transaction still open holds the read until it ends), else every
+    record written.
     With `min_records`, keep reading until at least that many arrived (the
     topic is still being written) or `timeout_s` passes.
     """
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed" if committed else "read_uncommitted",
     )
     await consumer.start()
     try:

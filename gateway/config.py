@@ -140,8 +140,24 @@ class KafkaSettings(_Section):
     ssl_cafile: Path | None = None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
-    # Apache Kafka supports idempotent producers; the local test broker does not.
-    producer_idempotence: bool = False
+    # Idempotent producers (Kafka 0.11+): a retried produce request is written once.
+    producer_idempotence: bool = True
+    # The clean topic exactly once for `read_committed` readers (docs/guarantees.md):
+    # each raw batch's copies and its raw offsets in one Kafka transaction, fenced by
+    # the consumer group's generation (KIP-447, Kafka 2.5+). "auto": on where the
+    # broker supports it, else at-least-once with a WARNING; "on": refuse to start
+    # without it; "off": at-least-once (a crash may forward a batch again).
+    exactly_once: Literal["auto", "on", "off"] = "auto"
+    # How long the broker lets a transaction stay open before it aborts it: the most
+    # a gateway killed mid-transaction holds `read_committed` readers back (with
+    # `group_instance_id`, its restart aborts the transaction at once).
+    transaction_timeout: Duration = Field(
+        default=timedelta(seconds=10), ge=timedelta(seconds=1), le=timedelta(minutes=15)
+    )
+    # Static group membership (KIP-345): a name unique in the group and stable across
+    # restarts (a pod name). A gateway restarted within `session_timeout` takes its
+    # partitions back without a rebalance; `run --workers N` appends `-<worker>`.
+    group_instance_id: str | None = Field(default=None, min_length=1, max_length=200)
     # The broker's limit on one produce request (`message.max.bytes`); a clean
     # copy that would outgrow it is quarantined as `too_large` instead.
     max_request_bytes: int = Field(default=1_048_576, ge=1024, le=2**31 - 1)

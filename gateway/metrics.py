@@ -259,6 +259,12 @@ class Metrics:
             ["lane"],
             registry=r,
         )
+        self.transactions_aborted = Counter(
+            f"{PREFIX}_transactions_aborted",
+            "Raw batches whose transaction aborted (exactly_once): the group moved on, or "
+            "the broker aborted it after transaction_timeout; their partitions are read again",
+            registry=r,
+        )
         self.records_reread = Counter(
             f"{PREFIX}_records_reread",
             "Records fetched and left to be read again from the commits, by why: fetched "

@@ -115,9 +115,7 @@ class RawFetcher:
     async def _out_of_range(
         self, tp: TopicPartition, ref: str, offset: int, deadline: float
     ) -> Absent:
-        """The broker has nothing at `offset`: below the log start, or past the end.
-
-        """
+        """The broker has nothing at `offset`: below the log start, or past the end."""
         try:
             starts = await asyncio.wait_for(
                 self.consumer.beginning_offsets([tp]), max(deadline - time.monotonic(), 0.001)

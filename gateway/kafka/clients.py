@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from gateway import client_properties
 from gateway.config import KafkaSettings
 from gateway.kafka.oauth import token_provider
+from gateway.kafka.transactions import TransactionalProducer, install_stable_offset_fetch
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +133,33 @@ def build_producer(kafka: KafkaSettings) -> AIOKafkaProducer:
     )
 
 
+def build_transactional_producer(kafka: KafkaSettings, transactional_id: str) -> AIOKafkaProducer:
+    """`build_producer`'s producer, writing in transactions that commit a consumer
+    group's offsets under KIP-447 (gateway/kafka/transactions.py)."""
+    return TransactionalProducer(
+        **aiokafka_options(kafka),
+        acks="all",
+        enable_idempotence=True,
+        transactional_id=transactional_id,
+        transaction_timeout_ms=int(kafka.transaction_timeout.total_seconds() * 1000),
+        linger_ms=0,
+        max_batch_size=min(1_000_000, kafka.max_request_bytes),
+        max_request_size=kafka.max_request_bytes,
+    )
+
+
 def build_consumer(kafka: KafkaSettings, group_id: str | None, **options: Any) -> AIOKafkaConsumer:
     """A consumer that commits by hand, reads committed data only, starts at the earliest;
-    in a group, with `[kafka] session_timeout` (heartbeats every third of it)."""
+    in a group, with `[kafka] session_timeout` (heartbeats every third of it), the
+    static `group_instance_id` when set, and committed offsets read stable (a
+    transaction still holding offsets for a partition is waited for)."""
     defaults: dict[str, Any] = {"auto_offset_reset": "earliest"}
     if group_id is not None:
         session_ms = int(kafka.session_timeout.total_seconds() * 1000)
         defaults |= {"session_timeout_ms": session_ms, "heartbeat_interval_ms": session_ms // 3}
+        if kafka.group_instance_id is not None:
+            defaults["group_instance_id"] = kafka.group_instance_id
+        install_stable_offset_fetch()
     return AIOKafkaConsumer(
         **aiokafka_options(kafka),
         group_id=group_id,

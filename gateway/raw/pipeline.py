@@ -32,6 +32,7 @@ from gateway.delay.coalescer import Coalescer
 from gateway.delay.router import Router
 from gateway.errors import BadRecord
 from gateway.kafka.sink import Sink
+from gateway.kafka.transactions import Member
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
@@ -54,6 +55,9 @@ class Voting:
     # Partitions rewound since the batch was fetched (a block in the batch before):
     # their records here are read again, so they are neither forwarded nor committed.
     dropped: set[TopicPartition] = field(default_factory=set)
+    # Who the raw consumer was in its group when the batch was fetched: the member its
+    # offsets are committed as (gateway/kafka/transactions.py, `group_member`).
+    member: Member = (-1, "", None)
 
     def fetched(self) -> list[TopicPartition]:
         """The partitions whose records this batch decides."""

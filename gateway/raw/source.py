@@ -39,9 +39,10 @@ from gateway.kafka.offsets import (
     RevocationGuard,
     fetch_past_bad_headers,
 )
+from gateway.kafka.transactions import Member, group_member
 from gateway.metrics import Metrics
 from gateway.raw.blocking import BlockedPartitions
-from gateway.raw.checkpoint import Checkpoint
+from gateway.raw.checkpoint import BatchAborted, Checkpoint, Transactions
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline, Voting
 from gateway.rules.backoff import backoff_delay
@@ -66,6 +67,7 @@ class RawSource:
         metrics: Metrics,
         max_records: int,
         lanes: LaneScheduler | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
         self.consumer = consumer
         self.pipeline = pipeline
@@ -73,10 +75,11 @@ class RawSource:
         self.lanes = lanes
         self.metrics = metrics
         self.max_records = max_records
-        self.checkpoint = Checkpoint(consumer)
+        self.checkpoint = Checkpoint(consumer, transactions)
         self.batch_lock = asyncio.Lock()
         self.claiming: Voting | None = None  # the batch whose ids are being claimed
         self.guard = RevocationGuard()  # a batch fetched before a revoke is stale
+        self.fetched_as: Member = (-1, "", None)  # who the consumer was at the last fetch
         self._salvage_failures = 0  # salvages in a row that found nothing to get past
         self.batches = 0
         self._lag_due = 0.0
@@ -93,7 +96,30 @@ class RawSource:
 
     async def _settle(self) -> None:
         await self.hand_over(None)
-        await self.checkpoint.drain()
+        await self._drained()
+
+    async def _drained(self) -> None:
+        """`checkpoint.drain`, reading everything again when its transaction aborted."""
+        try:
+            await self.checkpoint.drain()
+        except BatchAborted:
+            await self._read_again()
+
+    async def _read_again(self) -> None:
+        """A batch's transaction aborted: nothing it forwarded is visible and no offset
+        moved. Every assigned partition reads again from its committed offset; the
+        batch being claimed and any batch fetched meanwhile forward nothing (their
+        records come again)."""
+        if self.claiming is not None:
+            self.claiming.dropped.update(self.claiming.parts)
+        self.guard.revoked()  # a batch fetched before this is stale
+        self.metrics.transactions_aborted.inc()
+        for tp in self.consumer.assignment():
+            committed = await self.consumer.committed(tp)
+            if committed is None:  # never committed: read from where the group starts
+                await self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, committed)
 
     def _assigned(self) -> None:
         if self.lanes is not None:  # hold lanes before the first fetch brings them
@@ -131,7 +157,7 @@ class RawSource:
                         async with self.batch_lock:
                             await self.hand_over(None)
                     else:  # idle: the last batch's commit is waited for here
-                        await self.checkpoint.drain()
+                        await self._drained()
                     await self._update_lag()
                     continue
                 async with self.batch_lock:
@@ -149,12 +175,17 @@ class RawSource:
                         continue
                     if self.lanes is not None:
                         self.lanes.fetched(batch.keys())
-                    await self.hand_over(self.pipeline.begin(batch))
+                    voting = self.pipeline.begin(batch)
+                    voting.member = self.fetched_as
+                    await self.hand_over(voting)
                 await self._update_lag()
         finally:
             async with self.batch_lock:
                 await self.hand_over(None)
-            await self.checkpoint.drain()
+            try:
+                await self.checkpoint.drain()
+            except BatchAborted:  # nothing of it committed: the partitions' next reader replays it
+                self.metrics.transactions_aborted.inc()
 
     async def hand_over(self, voting: Voting | None) -> None:
         """Finish the vote on the batch being claimed and hand it to the checkpoint;
@@ -178,7 +209,10 @@ class RawSource:
         if voting is not None:
             voting.dropped.update(decided.blocked)
         size = sum(len(done.parts[tp].records) for tp in fetched)
-        await self.checkpoint.then(self._finish(decided, done.started, size))
+        try:
+            await self.checkpoint.then(self._finish(decided, done.started, size), done.member)
+        except BatchAborted:  # the batch before `done`: `done` is read again too
+            await self._read_again()
 
     async def _fetch(
         self, consumer: AIOKafkaConsumer, first: list[TopicPartition], waiting: bool
@@ -195,6 +229,7 @@ class RawSource:
         # Read as getmany returns, no await between: a getmany that waited for a
         # rebalance returns records of the new assignment, which are not stale.
         self.guard.fetched()
+        self.fetched_as = group_member(consumer)
         return batch
 
     async def _salvage(self, error: UnicodeDecodeError, started: float) -> bool:
@@ -210,7 +245,8 @@ class RawSource:
         """
         consumer = self.consumer
         logger.warning("a raw record cannot be parsed (%s): reading past it", error)
-        await self.checkpoint.drain()  # everything handed out is committed: read from there
+        await self._drained()  # everything handed out is committed: read from there
+        member = group_member(consumer)
         found = await fetch_past_bad_headers(
             consumer, self.pipeline.settings.kafka, self.max_records
         )
@@ -241,7 +277,11 @@ class RawSource:
                 decided.commits[tp] = until  # everything before it is forwarded or quarantined
         self.blocked.update(consumer, decided.blocked, bad.keys())
         size = sum(len(f.records) + len(f.bad) for f in bad.values())
-        await self.checkpoint.then(self._finish(decided, started, size))
+        try:
+            await self.checkpoint.then(self._finish(decided, started, size), member)
+        except BatchAborted:
+            await self._read_again()
+            return False
         return True
 
     async def _finish(

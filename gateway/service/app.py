@@ -11,24 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import uuid
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from gateway.config import Settings
+from gateway.config import KafkaSettings, Settings
 from gateway.delay.coalescer import Coalescer
 from gateway.delay.leftovers import refuse_stranded_tiers
 from gateway.delay.loop import start_delay_loop
 from gateway.delay.router import Router
+from gateway.errors import ConfigError
 from gateway.failures.fetch_back import RawFetcher
 from gateway.failures.loop import FailureLoop
-from gateway.kafka.clients import build_consumer, build_producer, stop_all_within
+from gateway.kafka.clients import (
+    build_consumer,
+    build_producer,
+    build_transactional_producer,
+    stop_all_within,
+    stop_within,
+)
 from gateway.kafka.sink import Sink
 from gateway.kafka.startup_wait import wait_for_broker
+from gateway.kafka.transactions import TransactionalProducer, transactions_unsupported
 from gateway.member_urls import member_name
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.raw.blocking import BlockedPartitions
+from gateway.raw.checkpoint import Transactions
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
 from gateway.raw.source import RawSource
@@ -122,13 +133,18 @@ class Gateway:
             )
             await consumer.start()
             consumers.append(consumer)
+            transactions = await self._transactions(producer, stack)
+            raw_sink = sink
+            if transactions is not None:  # the raw loop's copies go in its transactions
+                raw_sink = Sink(transactions.producer, kafka, metrics)
+                transactions.use = functools.partial(setattr, raw_sink, "producer")
             pipeline = Pipeline(
-                settings, self.quorum, sink, metrics, router=router, coalescer=coalescer
+                settings, self.quorum, raw_sink, metrics, router=router, coalescer=coalescer
             )
             lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
             source = RawSource(
                 consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
-                lanes if lanes.active else None,
+                lanes if lanes.active else None, transactions,
             )  # fmt: skip
             consumer.subscribe(kafka.raw_topics, listener=source.listener())
             if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
@@ -154,6 +170,35 @@ class Gateway:
                 tasks.create_task(self.quorum.watch(stop))
         logger.info("stopped after %d batches", self.batches)
 
+    async def _transactions(
+        self, producer: AIOKafkaProducer, stack: contextlib.AsyncExitStack
+    ) -> Transactions | None:
+        """The raw loop's transactional producer when `[kafka] exactly_once` resolves on
+        (gateway/raw/checkpoint.py), else None; ConfigError when "on" and the broker
+        cannot. Its id is stable with `group_instance_id`, so a restart aborts what
+        the killed process left open; otherwise it is this process's own."""
+        kafka = self.settings.kafka
+        if kafka.exactly_once == "off":
+            return None
+        if (why := await transactions_unsupported(producer)) is not None:
+            if kafka.exactly_once == "on":
+                raise ConfigError(f'kafka.exactly_once: {why}; set it to "auto" or "off"')
+            logger.warning("exactly_once = auto: at-least-once output, %s", why)
+            return None
+        txn_id = transactional_id(kafka)
+        logger.info("exactly-once output: transactional id %s", txn_id)
+        producer = build_transactional_producer(kafka, txn_id)
+        await producer.start()  # InitProducerId: aborts what an earlier holder of the id left
+        holder = Transactions(
+            producer, functools.partial(build_transactional_producer, kafka, txn_id), _unused
+        )
+
+        async def stop_current() -> None:
+            await stop_within(holder.producer)
+
+        stack.push_async_callback(stop_current)
+        return holder
+
     def partitions(self) -> set[TopicPartition]:
         """The raw partitions assigned to this gateway now."""
         return self.source.consumer.assignment() if self.source is not None else set()
@@ -166,3 +211,12 @@ class Gateway:
         while not stop.is_set():
             self.metrics.ready.set(1 if self.readiness()[0] else 0)
             await wait_or_stop(stop, READINESS_EVERY_S)
+
+
+def transactional_id(kafka: KafkaSettings) -> str:
+    """`<group_id>.raw.<group_instance_id>`, or a name of this process's own."""
+    return f"{kafka.group_id}.raw.{kafka.group_instance_id or uuid.uuid4().hex}"
+
+
+def _unused(producer: TransactionalProducer) -> None:
+    """Replaced once the raw loop's sink exists."""

@@ -123,7 +123,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         quick_deaths = 0
         while not stop.is_set():
-            proc = await self._spawn()
+            proc = await self._spawn(index)
             self._procs[index] = proc
             started = loop.time()
             logger.info("worker %d started (pid %d)", index, proc.pid)
@@ -152,7 +152,7 @@ class Supervisor:
             self.metrics.worker_restarts.inc()
             await wait_or_stop(stop, delay)
 
-    async def _spawn(self) -> asyncio.subprocess.Process:
+    async def _spawn(self, index: int) -> asyncio.subprocess.Process:
         argv = [sys.executable, "-m", "gateway", "run"]
         if self.config is not None:
             argv += ["--config", str(self.config)]
@@ -165,6 +165,9 @@ class Supervisor:
             MULTIPROC_ENV: self._metrics_dir,
             SUPERVISOR_ENV: str(os.getpid()),
         }
+        if (instance := self.settings.kafka.group_instance_id) is not None:
+            # Static membership: one name per worker, the same for its restarts.
+            env["GATEWAY_KAFKA__GROUP_INSTANCE_ID"] = f"{instance}-{index}"
         return await asyncio.create_subprocess_exec(*argv, env=env, start_new_session=True)
 
 

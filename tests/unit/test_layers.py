@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "client_properties",
         "settings_text",
         "progress",
+        "faults",
     },
     {"config"},
     {"rules"},

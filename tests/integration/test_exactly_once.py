@@ -1,0 +1,182 @@
+"""The clean topic exactly once for `read_committed` readers (`[kafka] exactly_once`).
+
+Real gateway processes on Apache Kafka. The crash window is hit on purpose: the fault
+point `raw-acked` (gateway/faults.py) kills or stops the process after the broker
+acknowledged a batch's clean copies and before its offsets are committed. Each test
+also reads the topic `read_uncommitted`, which shows the copies the crash left in an
+aborted transaction: the window was hit, not missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from devtools.harness import Topics, clean_ids, make_settings, write_toml
+from devtools.topics import committed_offsets, wait_committed
+from devtools.traffic import produce_traffic
+from gateway.faults import ENV as FAULT_ENV
+from tests.conftest import redis_urls
+
+BATCH = 200
+
+
+def start(config: Path, log: Path, fault: str = "") -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(FAULT_ENV, None)
+    if fault:
+        env[FAULT_ENV] = fault
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+
+
+async def until(what: str, check, log: Path, timeout_s: float = 90.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not (await check() if asyncio.iscoroutinefunction(check) else check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s\n{tail(log)}"
+        await asyncio.sleep(0.05)
+
+
+def tail(log: Path, size: int = 4000) -> str:
+    return log.read_text(errors="replace")[-size:] if log.exists() else ""
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGCONT)
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("exactly_once", ["on", "off"])
+async def test_a_kill_between_the_acknowledgement_and_the_commit(
+    exactly_once, broker, redis_servers, names, tmp_path: Path
+):
+    """on: the replayed batch's copies are in an aborted transaction, so a committed
+    reader sees each id once. off: it sees the replayed batch twice (at-least-once)."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=2, clean_partitions=2)
+    traffic = await produce_traffic(broker, topics.raw, 3_000, duplicate_share=0.2, seed=40)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        kafka={"max_batch_records": BATCH, "exactly_once": exactly_once,
+               "group_instance_id": "gateway-a", "transaction_timeout": "5s"},
+    )  # fmt: skip
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    log = tmp_path / "gateway.log"
+    crashed = start(config, log, fault="raw-acked:kill:3")
+    assert crashed.wait(timeout=90) == -signal.SIGKILL, tail(log)
+    assert sum((await committed_offsets(broker, topics.group, topics.raw)).values()) < sum(
+        traffic.per_partition.values()
+    )
+    again = start(config, log)  # the same group instance and transactional id
+    try:
+        await wait_committed(broker, topics.group, topics.raw, traffic.per_partition, timeout_s=90)
+    finally:
+        assert stop(again) == 0, tail(log)
+
+    committed = await clean_ids(broker, topics.clean)
+    everything = await clean_ids(broker, topics.clean, committed=False)
+    assert set(committed) == traffic.unique_ids  # nothing lost
+    assert sum(everything.values()) > len(everything)  # the crash left copies written
+    if exactly_once == "on":
+        assert max(committed.values()) == 1  # ... in a transaction no reader sees
+        assert "exactly-once output: transactional id" in tail(log, 10**7)
+    else:
+        assert sum(committed.values()) > len(committed)  # ... which a reader sees twice
+
+
+async def test_a_zombie_stalled_past_its_session_commits_nothing_of_its_batch(
+    broker, redis_servers, names, tmp_path: Path
+):
+    """A gateway SIGSTOPped after a batch's copies were acknowledged, past its session:
+    the other gateway takes its partitions and forwards the batch; the zombie, resumed,
+    has its offsets refused (its generation is gone), aborts, and carries on."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=4, clean_partitions=2)
+    traffic = await produce_traffic(broker, topics.raw, 6_000, duplicate_share=0.2, seed=41)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        kafka={"max_batch_records": BATCH, "session_timeout": "2s", "exactly_once": "on",
+               "transaction_timeout": "60s"},
+    )  # fmt: skip
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    zombie_log, other_log = tmp_path / "zombie.log", tmp_path / "other.log"
+    zombie = start(config, zombie_log, fault="raw-acked:stop:2")
+    other: subprocess.Popen[bytes] | None = None
+    try:
+        await until("the zombie stalls in the window", lambda: _stopped(zombie.pid), zombie_log)
+        other = start(config, other_log)
+        await wait_committed(broker, topics.group, topics.raw, traffic.per_partition, timeout_s=120)
+        zombie.send_signal(signal.SIGCONT)
+        await until(
+            "the zombie's transaction aborted",
+            lambda: "raw batch's transaction aborted" in tail(zombie_log, 10**7),
+            zombie_log,
+        )
+        assert zombie.poll() is None, tail(zombie_log)  # it carries on, not exits
+    finally:
+        codes = [stop(zombie)] + ([stop(other)] if other is not None else [])
+    assert codes == [0, 0], tail(zombie_log) + tail(other_log)
+
+    committed = await clean_ids(broker, topics.clean)
+    everything = await clean_ids(broker, topics.clean, committed=False)
+    assert set(committed) == traffic.unique_ids
+    assert max(committed.values()) == 1
+    assert sum(everything.values()) > len(everything)  # the zombie's copies, aborted
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+ASSIGNED = re.compile(r"gateway.kafka.offsets partitions assigned: (.*)")  # the raw group's
+
+
+async def test_a_static_member_restarted_within_its_session_takes_its_partitions_back(
+    broker, redis_servers, names, tmp_path: Path
+):
+    """`group_instance_id`: a gateway SIGKILLed and restarted within `session_timeout`
+    gets its partitions back without a rebalance: the other gateway is never assigned
+    anything new, and the restarted one commits again within the session timeout."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=4, clean_partitions=2)
+    first = await produce_traffic(broker, topics.raw, 2_000, duplicate_share=0.0, seed=42)
+    redis = redis_urls(redis_servers(3))
+    logs, procs = [tmp_path / "a.log", tmp_path / "b.log"], []
+    for name, log in zip(("gw-a", "gw-b"), logs, strict=True):
+        settings = make_settings(
+            broker, topics, redis,
+            kafka={"session_timeout": "10s", "group_instance_id": name},
+        )  # fmt: skip
+        procs.append(start(write_toml(tmp_path / f"{name}.toml", settings), log))
+    try:
+        await wait_committed(broker, topics.group, topics.raw, first.per_partition, timeout_s=90)
+        await until(
+            "both assigned", lambda: all(ASSIGNED.search(tail(log)) for log in logs), logs[0]
+        )
+        b_assignments = len(ASSIGNED.findall(tail(logs[1], 10**7)))
+        procs[0].kill()
+        procs[0].wait()
+        killed_at = time.monotonic()
+        procs[0] = start(tmp_path / "gw-a.toml", logs[0])
+        second = await produce_traffic(broker, topics.raw, 2_000, duplicate_share=0.0, seed=43)
+        total = {p: first.per_partition[p] + second.per_partition[p] for p in first.per_partition}
+        await wait_committed(broker, topics.group, topics.raw, total, timeout_s=60)
+        back_within = time.monotonic() - killed_at
+        assert len(ASSIGNED.findall(tail(logs[1], 10**7))) == b_assignments  # no rebalance
+        assert back_within < 10.0, f"partitions back after {back_within:.1f}s"
+    finally:
+        codes = [stop(proc) for proc in procs]
+    assert codes == [0, 0]
