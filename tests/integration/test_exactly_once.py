@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from devtools.harness import Topics, clean_ids, make_settings, write_toml
-from devtools.topics import committed_offsets, wait_committed
+from devtools.topics import committed_offsets, read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from gateway.faults import ENV as FAULT_ENV
 from tests.conftest import redis_urls
@@ -180,3 +181,33 @@ async def test_a_static_member_restarted_within_its_session_takes_its_partitions
     finally:
         codes = [stop(proc) for proc in procs]
     assert codes == [0, 0]
+
+
+async def test_records_of_an_aborted_raw_transaction_are_never_forwarded(
+    broker, redis_servers, names, tmp_path: Path
+):
+    """A producer of the raw topic aborts a transaction: its records are neither
+    forwarded nor claim their ids (a later committed copy of one is new)."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=broker, transactional_id=names("producer"))
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        for n in range(3):
+            await producer.send(topics.raw, b"v", headers=[("message-id", f"a-{n}".encode())])
+        await producer.abort_transaction()
+        async with producer.transaction():
+            for n in (0, 5):
+                await producer.send(topics.raw, b"v", headers=[("message-id", f"a-{n}".encode())])
+    finally:
+        await producer.stop()
+    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
+    log = tmp_path / "gateway.log"
+    proc = start(write_toml(tmp_path / "gateway.toml", settings), log)
+    try:
+        # a-5 comes after the aborted records: once it is out, they were read past.
+        await read_topic(broker, topics.clean, min_records=2, timeout_s=60)
+    finally:
+        assert stop(proc) == 0, tail(log)
+    assert dict(await clean_ids(broker, topics.clean)) == {"a-0": 1, "a-5": 1}

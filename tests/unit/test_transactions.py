@@ -1,0 +1,67 @@
+"""What the broker must support for `[kafka] exactly_once`, and what start-up does
+without it (the check reads the versions the broker announced; no broker here)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gateway.config import Settings
+from gateway.errors import ConfigError
+from gateway.kafka.transactions import transactions_unsupported
+from gateway.service.app import Gateway, transactional_id
+
+KAFKA_4 = {22: (0, 5), 28: (0, 5), 9: (1, 9)}
+
+
+def producer_with(versions: dict[int, tuple[int, int]]) -> Any:
+    async def get_conn(node: int) -> Any:
+        return SimpleNamespace(_versions=versions)
+
+    cluster = SimpleNamespace(brokers=lambda: [SimpleNamespace(nodeId=1)])
+    return SimpleNamespace(client=SimpleNamespace(cluster=cluster, _get_conn=get_conn))
+
+
+async def test_a_kafka_4_broker_supports_exactly_once() -> None:
+    assert await transactions_unsupported(producer_with(KAFKA_4)) is None
+
+
+@pytest.mark.parametrize(
+    ("versions", "lacks"),
+    [
+        ({28: (0, 3), 9: (1, 7)}, "transactions"),
+        ({22: (0, 1), 28: (0, 2), 9: (1, 7)}, "TxnOffsetCommit v3"),
+        ({22: (0, 1), 28: (0, 3), 9: (1, 6)}, "OffsetFetch v7"),
+    ],
+)
+async def test_a_broker_without_what_it_needs_is_named(versions, lacks) -> None:
+    why = await transactions_unsupported(producer_with(versions))
+    assert why is not None and lacks in why
+
+
+@pytest.mark.parametrize("mode", ["on", "auto", "off"])
+async def test_exactly_once_on_refuses_to_start_without_transactions_auto_goes_on(
+    mode, caplog
+) -> None:
+    settings = Settings.model_validate({"kafka": {"exactly_once": mode}})
+    gateway = Gateway(settings)
+    old = producer_with({28: (0, 3), 9: (1, 7)})
+    async with contextlib.AsyncExitStack() as stack:
+        if mode == "on":
+            with pytest.raises(ConfigError, match=r"kafka\.exactly_once: the broker lacks"):
+                await gateway._transactions(old, stack)
+            return
+        with caplog.at_level(logging.WARNING):
+            assert await gateway._transactions(old, stack) is None
+    assert ("at-least-once output" in caplog.text) == (mode == "auto")
+
+
+def test_the_transactional_id_is_stable_with_a_group_instance_id_and_unique_without() -> None:
+    static = Settings.model_validate({"kafka": {"group_id": "g", "group_instance_id": "pod-0"}})
+    assert transactional_id(static.kafka) == transactional_id(static.kafka) == "g.raw.pod-0"
+    dynamic = Settings.model_validate({"kafka": {"group_id": "g"}})
+    assert transactional_id(dynamic.kafka) != transactional_id(dynamic.kafka)
