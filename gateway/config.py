@@ -389,6 +389,78 @@ class LogSettings(_Section):
     json_format: bool = Field(default=False, alias="json")
 
 
+# A topic config's value as Kafka takes it (a string); numbers and booleans are written
+# as Kafka spells them ("2", "true").
+TopicConfigValue = str | int | float | bool
+TOPIC_ROLES = ("raw", "clean", "delay", "failure", "quarantine", "dead_letter")
+_TOPIC_CONFIG_NAME = re.compile(r"^[a-z][a-z0-9]*(?:\.[a-z0-9]+)*$")
+
+
+def topic_config_text(value: TopicConfigValue) -> str:
+    """A topic config value as Kafka reads it: `2` -> "2", `true` -> "true"."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class TopicRoleSettings(_Section):
+    """`[topics.<role>]`: how `dedup-gateway topics --create` creates that role's topics."""
+
+    # Topic configs (Kafka's names), over `[topics] config`.
+    config: dict[str, TopicConfigValue] = Field(default_factory=dict)
+
+    @field_validator("config")
+    @classmethod
+    def _kafka_topic_configs(
+        cls, config: dict[str, TopicConfigValue]
+    ) -> dict[str, TopicConfigValue]:
+        return check_topic_configs(config)
+
+
+def check_topic_configs(config: dict[str, TopicConfigValue]) -> dict[str, TopicConfigValue]:
+    for name, value in config.items():
+        if not _TOPIC_CONFIG_NAME.match(name):
+            raise ValueError(
+                f"{name!r} is not a Kafka topic config name (like 'min.insync.replicas')"
+            )
+        if name == "cleanup.policy" and topic_config_text(value) != "delete":
+            # The failure loop re-reads raw records by offset; a compacted-away one is
+            # skipped as raw_record_gone (gateway/ops/topics.py, CLEANUP).
+            raise ValueError(
+                f"cleanup.policy must stay 'delete', got {value!r}: the failure loop "
+                "re-reads records by offset, and compaction removes them"
+            )
+    return config
+
+
+class TopicsSettings(_Section):
+    """`[topics]`: the topic configs `dedup-gateway topics --create` creates topics with
+    (gateway/ops/topics.py); a topic that exists is never changed."""
+
+    # Every topic's configs, over the gateway's own (retention.ms, cleanup.policy).
+    config: dict[str, TopicConfigValue] = Field(default_factory=dict)
+    # Per role, over `config`: `[topics.clean] config = {"min.insync.replicas" = 2}`.
+    raw: TopicRoleSettings = TopicRoleSettings()
+    clean: TopicRoleSettings = TopicRoleSettings()
+    delay: TopicRoleSettings = TopicRoleSettings()
+    failure: TopicRoleSettings = TopicRoleSettings()
+    quarantine: TopicRoleSettings = TopicRoleSettings()
+    dead_letter: TopicRoleSettings = TopicRoleSettings()
+
+    @field_validator("config")
+    @classmethod
+    def _kafka_topic_configs(
+        cls, config: dict[str, TopicConfigValue]
+    ) -> dict[str, TopicConfigValue]:
+        return check_topic_configs(config)
+
+    def configs_for(self, role: str) -> dict[str, str]:
+        """The configs set on a topic of `role` ("dead-letter" or "dead_letter"), as text."""
+        section: TopicRoleSettings = getattr(self, role.replace("-", "_"))
+        merged = {**self.config, **section.config}
+        return {name: topic_config_text(value) for name, value in merged.items()}
+
+
 class TomlSettings(BaseSettings):
     """Settings read from the environment, then a TOML file, then defaults.
 
@@ -432,6 +504,8 @@ class Settings(TomlSettings):
     lanes: list[LaneSettings] = Field(default_factory=list)
     metrics: MetricsSettings = MetricsSettings()
     log: LogSettings = LogSettings()
+    # How `dedup-gateway topics --create` creates the topics (not read by `run`).
+    topics: TopicsSettings = TopicsSettings()
     # Read by the Spark job (spark_sink.config); the gateway ignores it.
     spark: dict[str, Any] = Field(default_factory=dict)
 
@@ -758,6 +832,12 @@ def effective(settings: BaseSettings) -> dict[str, Any]:
         data["redis"]["nodes"] = [masked(n) for n in settings.redis.nodes]
         # The raw topics once (both would not load back): as `[kafka] raw_topics` when
         # the lanes are the one lane that stands for it, else as `[[lanes]]`.
+        # Only the roles given a config: the others are the default, an empty table.
+        data["topics"] = {
+            role: table
+            for role, table in data["topics"].items()
+            if role == "config" or table["config"]
+        }
         if settings.lanes == [LaneSettings(name="default", raw_topics=settings.kafka.raw_topics)]:
             del data["lanes"]
         else:

@@ -37,7 +37,7 @@ from gateway.delay.leftovers import read_clean_topics, tier_of, unnamed_tiers
 from gateway.errors import BrokerUnreachable
 from gateway.member_urls import member_name
 from gateway.ops.broker import reaching_broker
-from gateway.ops.topics import admin_client, existing_topics, needed_topics
+from gateway.ops.topics import TopicSpec, admin_client, existing_topics, needed_topics
 from gateway.quorum import scripts
 from gateway.quorum.members import client_for, node_client_for
 
@@ -282,6 +282,15 @@ async def _check_kafka(settings: Settings, timeout_s: float) -> list[Finding]:
 
 
 async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:
+    findings = await topic_findings(admin, settings)
+    findings += await _leftover_findings(admin, settings)
+    findings += await _group_findings(admin, settings)
+    return findings
+
+
+async def topic_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:
+    """Every topic the settings need: there, partitioned, retained and configured as
+    they should be (`[topics]`), and a summary line."""
     specs = needed_topics(settings)
     existing = await existing_topics(admin, [s.name for s in specs])
     findings = []
@@ -335,10 +344,33 @@ async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> li
                     "compacted: a failed record compacted away cannot be retried (raw_record_gone)",
                 )
             )
+    findings += _configured_findings(specs, configs)
     present = sum(1 for s in specs if s.name in existing)
     findings.append(ok("kafka", f"{present} of {len(specs)} topics exist"))
-    findings += await _leftover_findings(admin, settings)
-    findings += await _group_findings(admin, settings)
+    return findings
+
+
+def _configured_findings(
+    specs: list[TopicSpec], configs: dict[str, dict[str, str]]
+) -> list[Finding]:
+    """A topic config `[topics]` asks for that the topic does not have: `topics --create`
+    never changes a topic that exists (it may predate the setting)."""
+    findings = []
+    for spec in specs:
+        have = configs.get(spec.name)
+        if not have:  # missing, or the broker did not say
+            continue
+        for name, want in spec.config.items():
+            if have.get(name) != want:
+                findings.append(
+                    warn(
+                        f"topic {spec.name}",
+                        f"{name} is {have.get(name, 'not set')}, [topics] asks for {want}; "
+                        "topics --create does not change an existing topic: "
+                        f"kafka-configs.sh --alter --entity-type topics --entity-name "
+                        f"{spec.name} --add-config {name}={want}",
+                    )
+                )
     return findings
 
 
@@ -377,7 +409,7 @@ async def _leftover_findings(admin: AIOKafkaAdminClient, settings: Settings) -> 
 
 
 async def _topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
-    """retention.ms and cleanup.policy per topic; {} where the broker does not say."""
+    """Every config of each topic (name -> value); {} where the broker does not say."""
     if not names:
         return {}
     try:

@@ -4,13 +4,15 @@ The gateway creates no topic itself (start-up stops naming a missing one), so a
 new deployment starts from this table: every topic the settings name, who
 writes and who reads it, and the partitions, retention and cleanup policy to
 create it with. `--create` creates the missing ones through the admin API
-(CreateTopics); topics that exist are left as they are, whatever they hold.
+(CreateTopics), with the topic configs of `[topics]` (`config` for every topic,
+`[topics.<role>] config` for one role's); topics that exist are left as they are,
+whatever they hold.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -40,11 +42,13 @@ class TopicSpec:
     writers: str
     readers: str
     cleanup: str = CLEANUP
+    # `[topics] config` and `[topics.<role>] config`, over the two above.
+    config: dict[str, str] = field(default_factory=dict)
 
     def configs(self) -> dict[str, str]:
-        """Topic configs to create it with."""
+        """Topic configs to create it with: retention and cleanup, then the configured."""
         retention_ms = self.retention // timedelta(milliseconds=1)
-        return {"retention.ms": str(retention_ms), "cleanup.policy": self.cleanup}
+        return {"retention.ms": str(retention_ms), "cleanup.policy": self.cleanup, **self.config}
 
 
 def needed_topics(settings: Settings, partitions: int = DEFAULT_PARTITIONS) -> list[TopicSpec]:
@@ -120,13 +124,16 @@ def needed_topics(settings: Settings, partitions: int = DEFAULT_PARTITIONS) -> l
     for spec in specs:  # a name may be given twice (e.g. quarantine = dead letter)
         if spec.name not in seen:
             seen.add(spec.name)
-            unique.append(spec)
+            unique.append(replace(spec, config=settings.topics.configs_for(spec.role)))
     return unique
 
 
 def render(specs: list[TopicSpec], existing: dict[str, int] | None) -> str:
     """The table; with `existing` (name -> partitions), a column saying what the broker has."""
     header = ["topic", "role", "partitions", "retention", "cleanup", "written by", "read by"]
+    configured = any(spec.config for spec in specs)
+    if configured:
+        header.append("configs")
     if existing is not None:
         header.append("on the broker")
     rows = []
@@ -140,6 +147,8 @@ def render(specs: list[TopicSpec], existing: dict[str, int] | None) -> str:
             spec.writers,
             spec.readers,
         ]
+        if configured:
+            row.append(",".join(f"{k}={v}" for k, v in spec.config.items()) or "-")
         if existing is not None:
             have = existing.get(spec.name)
             row.append("MISSING" if have is None else f"exists, {have} partitions")

@@ -11,7 +11,12 @@ from typing import Any
 
 import jsonschema
 
+from gateway.cli import build_parser
+from gateway.config import load_settings
+from gateway.ops.topics import needed_topics
 from tests.ops.conftest import DEPLOY, REPO, compose, load_yaml_documents
+
+COMPOSE_CONFIG = DEPLOY / "config" / "gateway.toml"
 
 
 def compose_schema() -> dict[str, Any]:
@@ -47,9 +52,6 @@ def test_compose_runs_two_gateways_in_one_group_after_the_topics_exist() -> None
     assert gateway["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
     assert "KAFKA_PROCESS_ROLES" in services["kafka"]["environment"]  # KRaft, no ZooKeeper
     assert services["kafka"]["image"].startswith("apache/kafka:")
-    script = "\n".join(services["kafka-init"]["command"])
-    for topic in ("raw", "clean", "dedup-failures", "dedup-quarantine", "dedup-dead-letter"):
-        assert f"create {topic} " in script
     for service in ("gateway", "spark", "prometheus", "grafana"):
         assert service in services
 
@@ -106,9 +108,36 @@ def test_loadgen_profile_produces_into_the_raw_topic_the_gateways_read() -> None
     config = tomllib.loads((DEPLOY / "config" / "gateway.toml").read_text())
     assert env["LOADGEN_BOOTSTRAP"] == config["kafka"]["bootstrap_servers"]
     assert [env["LOADGEN_TOPIC"]] == config["kafka"]["raw_topics"]
-    assert f"create {env['LOADGEN_TOPIC']} " in "\n".join(services["kafka-init"]["command"])
+    assert env["LOADGEN_TOPIC"] in {t.name for t in needed_topics(load_settings(COMPOSE_CONFIG))}
     assert loadgen["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
     assert config["dedup"]["id"] == "header:message-id"  # the header loadgen.py sets
+
+
+def test_compose_creates_its_topics_with_the_gateways_own_config() -> None:
+    """kafka-init runs `dedup-gateway topics --create` in the gateway image with the
+    gateways' gateway.toml: the topics, partitions and configs `topics` prints, not a
+    hand-kept list."""
+    services = compose()["services"]
+    init, gateway = services["kafka-init"], services["gateway"]
+    assert (init["image"], init["build"]) == (gateway["image"], gateway["build"])
+    assert "entrypoint" not in init, "the image's entry point: dedup-gateway"
+    args = build_parser().parse_args(init["command"])
+    assert (args.command, args.create, args.dry_run, args.check) == ("topics", True, False, False)
+    assert init["volumes"] == gateway["volumes"], "the gateways' own config file"
+    assert str(args.config) == gateway["command"][gateway["command"].index("--config") + 1]
+    assert init["healthcheck"] == {"disable": True}
+    assert init["depends_on"]["kafka"]["condition"] == "service_healthy"
+    for name in ("gateway", "spark", "loadgen"):
+        assert services[name]["depends_on"]["kafka-init"]["condition"] == (
+            "service_completed_successfully"
+        )
+    assert "kafka-topics.sh" not in json.dumps(services)
+    settings = load_settings(COMPOSE_CONFIG)
+    specs = {spec.name: spec for spec in needed_topics(settings, args.partitions)}
+    assert set(specs) == {
+        *settings.kafka.raw_topics, settings.kafka.clean_topic, settings.kafka.failure_topic,
+        settings.kafka.quarantine_topic, settings.kafka.dead_letter_topic,
+    }  # fmt: skip
 
 
 def test_compose_spark_job_uses_the_pass_through_handler() -> None:
