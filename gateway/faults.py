@@ -9,7 +9,8 @@
 
 Points: `raw-acked`, after the broker acknowledged a raw batch's copies and before
 its offsets are committed (or, with `exactly_once`, sent in its transaction): the
-window in which a crash replays a batch whose copies are written.
+window in which a crash replays a batch whose copies are written; `delay-acked`, the
+same for a step of the delay loop (tier records moved on, tier offsets not committed).
 
 Nothing reads the variable in production but this module, once at import; an unknown
 point or action is refused at start-up.
@@ -21,7 +22,7 @@ import os
 import signal
 
 ENV = "DEDUP_GATEWAY_FAULT"
-POINTS = frozenset({"raw-acked"})
+POINTS = frozenset({"raw-acked", "delay-acked"})
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 

@@ -261,8 +261,9 @@ class Metrics:
         )
         self.transactions_aborted = Counter(
             f"{PREFIX}_transactions_aborted",
-            "Raw batches whose transaction aborted (exactly_once): the group moved on, or "
-            "the broker aborted it after transaction_timeout; their partitions are read again",
+            "Steps whose transaction aborted (exactly_once), by loop (raw, delay): the group "
+            "moved on, or the broker aborted it after transaction_timeout; read again",
+            ["loop"],
             registry=r,
         )
         self.records_reread = Counter(

@@ -28,9 +28,12 @@ first waits is a duplicate, and the record that waits is the first one.
   to the largest tier that fits the time left, else held until due.
 - **Commit after the acknowledgement.** A tier offset is committed only when
   every record before it was moved and the broker acknowledged the move. A
-  crash (or a restart) replays the uncommitted tier records; a replayed move
-  carries the same `dedup-id`, `dedup-source` and `dedup-token` as the first
-  one, which the Spark job drops (by `dedup-id`, `dedup-attempt`).
+  crash (or a restart) replays the uncommitted tier records. With `[kafka]
+  exactly_once` on, a step's moves and its tier offsets are one transaction
+  (gateway/kafka/exactly_once.py): a replayed move's first copy was aborted, and a
+  `read_committed` reader sees it once; off, a replayed move carries the same
+  `dedup-id`, `dedup-source` and `dedup-token` as the first one, which the Spark
+  job drops.
 - **Never early**: a record goes to the clean topic only once its due time has
   passed on the clock of the gateway that moves it.
 
@@ -67,6 +70,8 @@ from gateway.delay.coalescer import WINDOW_EXPIRED, Verdict, now_ms
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.leftovers import leftover_tiers
 from gateway.kafka.clients import build_consumer, stop_within, unless_stopped
+from gateway import faults
+from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
 from gateway.kafka.offsets import (
     DueQueue,
     OffsetBook,
@@ -76,6 +81,7 @@ from gateway.kafka.offsets import (
     fetch_past_bad_headers,
 )
 from gateway.kafka.sink import Sink
+from gateway.kafka.transactions import Member, group_member
 from gateway.metrics import Metrics
 from gateway.rules.tiers import (
     Tiers,
@@ -135,8 +141,11 @@ class DelayLoop:
         metrics: Metrics,
         closer: Closer | None = None,
         leftover: Mapping[str, int] | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
         self.closer = closer
+        self.transactions = transactions  # exactly_once: a step's moves and offsets together
+        self.fetched_as: Member = (-1, "", None)  # who the consumer was at the last fetch
         self.leftover = dict(leftover or {})  # tier topics no longer configured -> delay ms
         self._unclosed_logged = False
         self.consumer = consumer
@@ -184,6 +193,7 @@ class DelayLoop:
             if fetched is None:
                 break
             self.guard.fetched()
+            self.fetched_as = group_member(consumer)
             async with self.lock:
                 if self.guard.stale():
                     # A revoke ran between the fetch and the lock: each partition reads
@@ -249,6 +259,7 @@ class DelayLoop:
         logger.warning("a delay tier record cannot be parsed (%s): reading past it", error)
 
         async with self.lock:
+            self.fetched_as = group_member(self.consumer)
             found = await fetch_past_bad_headers(
                 self.consumer, self.kafka, room, self.book.position
             )
@@ -345,6 +356,48 @@ class DelayLoop:
         emitted = await self._close(closing, now, moves, stepped) if closing else []
         if not stepped:
             return
+        if self.transactions is None:
+            await self._move(moves, to_clean, emitted, stepped)
+            await self._commit()
+            return
+        try:
+            committed = await self.transactions.run(
+                self._moved(moves, to_clean, emitted, stepped), self.consumer, self.fetched_as
+            )
+        except StepAborted:
+            await self._read_again()
+            return
+        self.book.committed(committed)
+
+    async def _moved(
+        self,
+        moves: dict[str, list[OutRecord]],
+        to_clean: list[_Held],
+        emitted: list[int],
+        stepped: list[_Held],
+    ) -> dict[TopicPartition, int]:
+        await self._move(moves, to_clean, emitted, stepped)
+        faults.reached("delay-acked")
+        return self.book.due_commits(self.consumer)
+
+    async def _read_again(self) -> None:
+        """A step's transaction aborted: nothing it moved is visible and no offset moved.
+        Everything taken is dropped and every partition read again from its commit."""
+        self.metrics.transactions_aborted.labels("delay").inc()
+        assigned = self.consumer.assignment()
+        self.forget(assigned)
+        self.guard.revoked()  # a batch fetched before this is stale
+        await read_again_from_commits(self.consumer)
+        self.consumer.resume(*assigned)
+
+    async def _move(
+        self,
+        moves: dict[str, list[OutRecord]],
+        to_clean: list[_Held],
+        emitted: list[int],
+        stepped: list[_Held],
+    ) -> None:
+        """Send the step's copies, wait for the acknowledgements, mark them moved."""
         await asyncio.gather(*(self._deliver(topic, recs) for topic, recs in moves.items()))
         acked = now_ms()
         for held in to_clean:
@@ -359,7 +412,6 @@ class DelayLoop:
             part = self.parts.get(TopicPartition(held.record.topic, held.record.partition))
             if part is not None:
                 part.moved.add(held.record.offset)
-        await self._commit()
 
     async def _close(
         self,
@@ -470,9 +522,11 @@ async def start_delay_loop(
     metrics: Metrics,
     stack: contextlib.AsyncExitStack,
     closer: Closer | None = None,
+    transactions: Transactions | None = None,
 ) -> DelayLoop:
     """Join `<group_id>.delay` on the tier topics; ConfigError naming any that is missing.
-    `closer` decides the close of coalesced records (gateway/delay/coalescer.py).
+    `closer` decides the close of coalesced records (gateway/delay/coalescer.py);
+    `transactions`: `sink` writes through its producer, each step in one transaction.
 
     Tier topics are never created here (the gateway creates no topic): a missing
     one is a deployment step left out, reported before any record is routed.
@@ -494,7 +548,7 @@ async def start_delay_loop(
             "(README, Scheduled delivery) or change [delay] tiers"
         )
     leftover = await leftover_tiers(consumer, settings, existing)
-    loop = DelayLoop(settings, consumer, sink, metrics, closer, leftover)
+    loop = DelayLoop(settings, consumer, sink, metrics, closer, leftover, transactions)
     consumer.subscribe([*topics, *sorted(leftover)], listener=loop.listener())
     logger.info("scheduled delivery: tiers %s, group %s.delay", ", ".join(topics), kafka.group_id)
     if leftover:

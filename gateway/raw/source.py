@@ -34,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 
 from gateway.errors import BadRecord
 from gateway.kafka.clients import unless_stopped
+from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
 from gateway.kafka.offsets import (
     Rebalance,
     RevocationGuard,
@@ -42,7 +43,7 @@ from gateway.kafka.offsets import (
 from gateway.kafka.transactions import Member, group_member
 from gateway.metrics import Metrics
 from gateway.raw.blocking import BlockedPartitions
-from gateway.raw.checkpoint import BatchAborted, Checkpoint, Transactions
+from gateway.raw.checkpoint import Checkpoint
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline, Voting
 from gateway.rules.backoff import backoff_delay
@@ -102,7 +103,7 @@ class RawSource:
         """`checkpoint.drain`, reading everything again when its transaction aborted."""
         try:
             await self.checkpoint.drain()
-        except BatchAborted:
+        except StepAborted:
             await self._read_again()
 
     async def _read_again(self) -> None:
@@ -113,13 +114,8 @@ class RawSource:
         if self.claiming is not None:
             self.claiming.dropped.update(self.claiming.parts)
         self.guard.revoked()  # a batch fetched before this is stale
-        self.metrics.transactions_aborted.inc()
-        for tp in self.consumer.assignment():
-            committed = await self.consumer.committed(tp)
-            if committed is None:  # never committed: read from where the group starts
-                await self.consumer.seek_to_beginning(tp)
-            else:
-                self.consumer.seek(tp, committed)
+        self.metrics.transactions_aborted.labels("raw").inc()
+        await read_again_from_commits(self.consumer)
 
     def _assigned(self) -> None:
         if self.lanes is not None:  # hold lanes before the first fetch brings them
@@ -184,8 +180,8 @@ class RawSource:
                 await self.hand_over(None)
             try:
                 await self.checkpoint.drain()
-            except BatchAborted:  # nothing of it committed: the partitions' next reader replays it
-                self.metrics.transactions_aborted.inc()
+            except StepAborted:  # nothing of it committed: the partitions' next reader replays it
+                self.metrics.transactions_aborted.labels("raw").inc()
 
     async def hand_over(self, voting: Voting | None) -> None:
         """Finish the vote on the batch being claimed and hand it to the checkpoint;
@@ -211,7 +207,7 @@ class RawSource:
         size = sum(len(done.parts[tp].records) for tp in fetched)
         try:
             await self.checkpoint.then(self._finish(decided, done.started, size), done.member)
-        except BatchAborted:  # the batch before `done`: `done` is read again too
+        except StepAborted:  # the batch before `done`: `done` is read again too
             await self._read_again()
 
     async def _fetch(
@@ -279,7 +275,7 @@ class RawSource:
         size = sum(len(f.records) + len(f.bad) for f in bad.values())
         try:
             await self.checkpoint.then(self._finish(decided, started, size), member)
-        except BatchAborted:
+        except StepAborted:
             await self._read_again()
             return False
         return True

@@ -32,14 +32,14 @@ from gateway.kafka.clients import (
     stop_all_within,
     stop_within,
 )
+from gateway.kafka.exactly_once import Transactions
 from gateway.kafka.sink import Sink
 from gateway.kafka.startup_wait import wait_for_broker
-from gateway.kafka.transactions import TransactionalProducer, transactions_unsupported
+from gateway.kafka.transactions import transactions_unsupported
 from gateway.member_urls import member_name
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.raw.blocking import BlockedPartitions
-from gateway.raw.checkpoint import Transactions
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
 from gateway.raw.source import RawSource
@@ -118,9 +118,14 @@ class Gateway:
                 Coalescer(settings, self.quorum, metrics) if settings.coalesce.enabled else None
             )  # updates on the raw path, closes in the delay loop: one window state
             router = Router(settings, metrics) if settings.delay.enabled else None
+            exactly_once = await self._exactly_once(producer)
             delay = None
             if router is not None:  # before any record is routed to a tier topic
-                delay = await start_delay_loop(settings, sink, metrics, stack, coalescer)
+                delay_txn = await self._in_transactions("delay", stack) if exactly_once else None
+                delay = await start_delay_loop(
+                    settings, delay_txn[1] if delay_txn else sink, metrics, stack, coalescer,
+                    delay_txn[0] if delay_txn else None,
+                )  # fmt: skip
             else:  # records waiting in a tier would never be delivered: refuse
                 await refuse_stranded_tiers(settings)
             consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
@@ -133,11 +138,9 @@ class Gateway:
             )
             await consumer.start()
             consumers.append(consumer)
-            transactions = await self._transactions(producer, stack)
-            raw_sink = sink
-            if transactions is not None:  # the raw loop's copies go in its transactions
-                raw_sink = Sink(transactions.producer, kafka, metrics)
-                transactions.use = functools.partial(setattr, raw_sink, "producer")
+            transactions, raw_sink = None, sink
+            if exactly_once:  # the raw loop's copies go in its own transactions
+                transactions, raw_sink = await self._in_transactions("raw", stack)
             pipeline = Pipeline(
                 settings, self.quorum, raw_sink, metrics, router=router, coalescer=coalescer
             )
@@ -170,34 +173,41 @@ class Gateway:
                 tasks.create_task(self.quorum.watch(stop))
         logger.info("stopped after %d batches", self.batches)
 
-    async def _transactions(
-        self, producer: AIOKafkaProducer, stack: contextlib.AsyncExitStack
-    ) -> Transactions | None:
-        """The raw loop's transactional producer when `[kafka] exactly_once` resolves on
-        (gateway/raw/checkpoint.py), else None; ConfigError when "on" and the broker
-        cannot. Its id is stable with `group_instance_id`, so a restart aborts what
-        the killed process left open; otherwise it is this process's own."""
+    async def _exactly_once(self, producer: AIOKafkaProducer) -> bool:
+        """Whether `[kafka] exactly_once` resolves on for this broker; ConfigError when
+        it is "on" and the broker cannot."""
         kafka = self.settings.kafka
         if kafka.exactly_once == "off":
-            return None
+            return False
         if (why := await transactions_unsupported(producer)) is not None:
             if kafka.exactly_once == "on":
                 raise ConfigError(f'kafka.exactly_once: {why}; set it to "auto" or "off"')
             logger.warning("exactly_once = auto: at-least-once output, %s", why)
-            return None
-        txn_id = transactional_id(kafka)
+            return False
+        return True
+
+    async def _in_transactions(
+        self, loop: str, stack: contextlib.AsyncExitStack
+    ) -> tuple[Transactions, Sink]:
+        """A loop's transactional producer (started) and the sink that writes through it
+        (gateway/kafka/exactly_once.py). Its id is stable with `group_instance_id`, so a
+        restart aborts what the killed process left open; else it is this process's."""
+        kafka = self.settings.kafka
+        txn_id = transactional_id(kafka, loop)
         logger.info("exactly-once output: transactional id %s", txn_id)
-        producer = build_transactional_producer(kafka, txn_id)
+        build = functools.partial(build_transactional_producer, kafka, txn_id)
+        producer = build()
         await producer.start()  # InitProducerId: aborts what an earlier holder of the id left
-        holder = Transactions(
-            producer, functools.partial(build_transactional_producer, kafka, txn_id), _unused
+        sink = Sink(producer, kafka, self.metrics)
+        transactions = Transactions(
+            loop, producer, build, functools.partial(setattr, sink, "producer")
         )
 
         async def stop_current() -> None:
-            await stop_within(holder.producer)
+            await stop_within(transactions.producer)
 
         stack.push_async_callback(stop_current)
-        return holder
+        return transactions, sink
 
     def partitions(self) -> set[TopicPartition]:
         """The raw partitions assigned to this gateway now."""
@@ -213,10 +223,6 @@ class Gateway:
             await wait_or_stop(stop, READINESS_EVERY_S)
 
 
-def transactional_id(kafka: KafkaSettings) -> str:
-    """`<group_id>.raw.<group_instance_id>`, or a name of this process's own."""
-    return f"{kafka.group_id}.raw.{kafka.group_instance_id or uuid.uuid4().hex}"
-
-
-def _unused(producer: TransactionalProducer) -> None:
-    """Replaced once the raw loop's sink exists."""
+def transactional_id(kafka: KafkaSettings, loop: str = "raw") -> str:
+    """`<group_id>.<loop>.<group_instance_id>`, or a name of this process's own."""
+    return f"{kafka.group_id}.{loop}.{kafka.group_instance_id or uuid.uuid4().hex}"

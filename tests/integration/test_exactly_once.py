@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from devtools.harness import Topics, clean_ids, make_settings, write_toml
-from devtools.topics import committed_offsets, read_topic, wait_committed
+from devtools.harness import Topics, clean_ids, make_settings, produce, write_toml
+from devtools.topics import committed_offsets, create_topics, read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from gateway.faults import ENV as FAULT_ENV
+from gateway.rules.tiers import tier_topics
 from tests.conftest import redis_urls
 
 BATCH = 200
@@ -122,7 +123,7 @@ async def test_a_zombie_stalled_past_its_session_commits_nothing_of_its_batch(
         zombie.send_signal(signal.SIGCONT)
         await until(
             "the zombie's transaction aborted",
-            lambda: "raw batch's transaction aborted" in tail(zombie_log, 10**7),
+            lambda: "raw transaction aborted" in tail(zombie_log, 10**7),
             zombie_log,
         )
         assert zombie.poll() is None, tail(zombie_log)  # it carries on, not exits
@@ -211,3 +212,39 @@ async def test_records_of_an_aborted_raw_transaction_are_never_forwarded(
     finally:
         assert stop(proc) == 0, tail(log)
     assert dict(await clean_ids(broker, topics.clean)) == {"a-0": 1, "a-5": 1}
+
+
+async def test_a_kill_between_a_delay_steps_acknowledgement_and_its_commit_moves_it_once(
+    broker, redis_servers, names, tmp_path: Path
+):
+    """The delay loop's step in a transaction: killed after its moves to the clean topic
+    were acknowledged (fault point `delay-acked`), the restarted gateway moves them
+    again, and a committed reader sees each id once."""
+    topics = Topics(names)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        kafka={"exactly_once": "on", "group_instance_id": "delaying"},
+        delay={"enabled": True, "tiers": ["1s", "4s"]},
+    )  # fmt: skip
+    await topics.create(broker, raw_partitions=2, clean_partitions=2)
+    await create_topics(broker, dict.fromkeys(tier_topics(settings), 2))
+    ids = [f"d-{n}" for n in range(300)]
+    await produce(broker, topics.raw, [
+        (None, b"v", [("message-id", i.encode()), ("deliver-after", b"10s")]) for i in ids
+    ])  # fmt: skip
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    log = tmp_path / "gateway.log"
+    crashed = start(config, log, fault="delay-acked:kill:1")
+    assert crashed.wait(timeout=90) == -signal.SIGKILL, tail(log)
+    again = start(config, log)
+    try:
+        await read_topic(broker, topics.clean, min_records=len(ids), timeout_s=60)
+    finally:
+        assert stop(again) == 0, tail(log)
+    committed = await clean_ids(broker, topics.clean)
+    assert set(committed) == set(ids) and max(committed.values()) == 1
+    aborted = 0  # the killed step's moves (to the clean topic or a tier), never committed
+    for topic in [topics.clean, *tier_topics(settings)]:
+        written = await read_topic(broker, topic, committed=False)
+        aborted += len(written) - len(await read_topic(broker, topic))
+    assert aborted > 0

@@ -3,7 +3,6 @@ without it (the check reads the versions the broker announced; no broker here)."
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -50,18 +49,18 @@ async def test_exactly_once_on_refuses_to_start_without_transactions_auto_goes_o
     settings = Settings.model_validate({"kafka": {"exactly_once": mode}})
     gateway = Gateway(settings)
     old = producer_with({28: (0, 3), 9: (1, 7)})
-    async with contextlib.AsyncExitStack() as stack:
-        if mode == "on":
-            with pytest.raises(ConfigError, match=r"kafka\.exactly_once: the broker lacks"):
-                await gateway._transactions(old, stack)
-            return
-        with caplog.at_level(logging.WARNING):
-            assert await gateway._transactions(old, stack) is None
+    if mode == "on":
+        with pytest.raises(ConfigError, match=r"kafka\.exactly_once: the broker lacks"):
+            await gateway._exactly_once(old)
+        return
+    with caplog.at_level(logging.WARNING):
+        assert await gateway._exactly_once(old) is False
     assert ("at-least-once output" in caplog.text) == (mode == "auto")
 
 
 def test_the_transactional_id_is_stable_with_a_group_instance_id_and_unique_without() -> None:
     static = Settings.model_validate({"kafka": {"group_id": "g", "group_instance_id": "pod-0"}})
     assert transactional_id(static.kafka) == transactional_id(static.kafka) == "g.raw.pod-0"
+    assert transactional_id(static.kafka, "delay") == "g.delay.pod-0"
     dynamic = Settings.model_validate({"kafka": {"group_id": "g"}})
     assert transactional_id(dynamic.kafka) != transactional_id(dynamic.kafka)

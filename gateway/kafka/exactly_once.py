@@ -1,0 +1,110 @@
+"""One Kafka transaction per step of a consumer loop: its copies and its input offsets
+committed together, or neither (`[kafka] exactly_once`).
+
+The raw loop (gateway/raw/checkpoint.py) and the delay loop (gateway/delay/loop.py)
+each hold a `Transactions`: their own transactional producer, under an id of their own
+(`<group_id>.<loop>.<group_instance_id or this process's own>`). A step that aborts
+(the group moved on, or the broker aborted it after `transaction_timeout`) wrote
+nothing a `read_committed` reader sees and moved no offset: `run` raises
+`StepAborted`, and the loop reads its partitions again from their committed offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError, ProducerFenced
+
+from gateway.kafka.clients import stop_within
+from gateway.kafka.transactions import Member, TransactionalProducer
+
+logger = logging.getLogger(__name__)
+
+
+class StepAborted(Exception):
+    """A step's transaction aborted: nothing of it is visible, no offset moved."""
+
+
+async def read_again_from_commits(consumer: AIOKafkaConsumer) -> None:
+    """Every assigned partition reads again from its committed offset (from where the
+    group starts, `auto_offset_reset`, when it has none). aiokafka's own
+    `seek_to_committed` leaves a partition with no commit, or one at 0, where it is."""
+    for tp in consumer.assignment():
+        committed = await consumer.committed(tp)
+        if committed is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, committed)
+
+
+@dataclass
+class Transactions:
+    """A loop's transactional producer (started), how to build another, and who sends
+    through it (`use`, told of a new one). A fenced producer (the broker aborted its
+    transaction after `transaction_timeout` and bumped its epoch) is replaced."""
+
+    what: str
+    producer: TransactionalProducer
+    build: Callable[[], TransactionalProducer]
+    use: Callable[[TransactionalProducer], None] | None = None
+
+    async def run(
+        self,
+        step: Awaitable[dict[TopicPartition, int]],
+        consumer: AIOKafkaConsumer,
+        member: Member,
+    ) -> dict[TopicPartition, int]:
+        """`step` (it sends through `producer` and returns the input offsets to commit,
+        next offset to read) and those offsets of the partitions still assigned, in
+        one transaction, committed as `member` (who the consumer was in its group when
+        it fetched the records). Returns the offsets committed; StepAborted when the
+        transaction aborted. Any other error aborts it and is raised as it is."""
+        producer = self.producer
+        try:
+            await producer.begin_transaction()
+        except BaseException:
+            if asyncio.iscoroutine(step):
+                step.close()
+            raise
+        try:
+            offsets = await step
+            assigned = consumer.assignment()
+            offsets = {tp: o for tp, o in offsets.items() if tp in assigned}
+            if offsets and (member[0] < 0 or not member[1]):
+                # Fetched outside the group: the coordinator would take a commit without
+                # a generation for one with no group metadata at all, and accept it.
+                raise CommitFailedError(f"records fetched outside the group ({member})")
+            if offsets:
+                await producer.send_group_offsets(offsets, consumer._group_id, member)
+            await producer.commit_transaction()
+        except ProducerFenced as exc:
+            # Our epoch is gone (the coordinator aborted the transaction after its
+            # timeout, or a restart under our id began): nothing of it commits.
+            logger.warning("%s transaction fenced (%s): reading it again", self.what, exc)
+            await self._renew()
+            raise StepAborted(str(exc)) from exc
+        except KafkaError as exc:  # CommitFailedError: the group moved on
+            logger.warning("%s transaction aborted (%s): reading it again", self.what, exc)
+            try:
+                await producer.abort_after_error()
+            except KafkaError as again:
+                logger.warning("abort failed (%r): a new transactional producer goes on", again)
+                await self._renew()
+            raise StepAborted(str(exc)) from exc
+        except BaseException:
+            if producer._txn_manager.is_in_transaction():
+                await asyncio.shield(producer.abort_transaction())
+            raise
+        return offsets
+
+    async def _renew(self) -> None:
+        old, self.producer = self.producer, self.build()
+        await self.producer.start()  # InitProducerId under the same id: a new epoch
+        if self.use is not None:
+            self.use(self.producer)
+        logger.warning("%s: a new transactional producer under the same id goes on", self.what)
+        await stop_within(old)
