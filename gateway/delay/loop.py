@@ -56,6 +56,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from gateway import faults
 from gateway.config import ConfigError, Settings
 from gateway.contract.records import (
     H_DELIVER_AT,
@@ -70,7 +71,6 @@ from gateway.delay.coalescer import WINDOW_EXPIRED, Verdict, now_ms
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.leftovers import leftover_tiers
 from gateway.kafka.clients import build_consumer, stop_within, unless_stopped
-from gateway import faults
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
 from gateway.kafka.offsets import (
     DueQueue,
