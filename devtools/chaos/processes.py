@@ -155,6 +155,7 @@ dead_letter_topic = "{topics.dead}"
 group_id = "{topics.group}"
 max_batch_records = {config.max_batch_records}
 session_timeout = "{int(config.session_timeout_s * 1000)}ms"
+exactly_once = "on"
 
 [redis]
 nodes = [{nodes}]

@@ -149,6 +149,8 @@ class SparkStandIn:
             bootstrap_servers=bootstrap,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            # As the Spark job reads: an aborted transaction's copies are never seen.
+            isolation_level="read_committed",
             fetch_max_wait_ms=100,
             max_partition_fetch_bytes=16 * 1024 * 1024,
             request_timeout_ms=60_000,

@@ -174,7 +174,8 @@ def test_an_id_processed_successfully_twice_fails_unless_beyond_the_guarantees()
     assert [(v.rule, v.tolerated) for v in beyond] == [("twice", True)]
 
 
-def test_repeated_tokens_are_bounded_by_the_kills():
+def test_repeated_tokens_are_bounded_by_the_kills_one_retry_each():
+    """exactly_once on: a kill may repeat one retry per raw partition, nothing else."""
     cfg = config(max_batch_records=2)
     good = ids_with_fate(cfg, "ok", 4)
     entries = [entry(0, i, m) for i, m in enumerate(good)]
@@ -182,9 +183,9 @@ def test_repeated_tokens_are_bounded_by_the_kills():
     again = [delivery(m, (0, i), "repeat", token=str(i)) for i, m in enumerate(good)]
     assert rules(observations(cfg, entries=entries, deliveries=ok + again[:1])) == ["repeats"]
     kill = StepRun(Step(0, Fault.GATEWAY_KILL, 0, 1.0), 0.0, 1.0)
-    within = observations(cfg, entries=entries, deliveries=ok + again[:3], step_runs=[kill])
-    assert check(within) == []  # 3 <= 1 kill x (2 + 1)
-    over = observations(cfg, entries=entries, deliveries=ok + again, step_runs=[kill])
+    within = observations(cfg, entries=entries, deliveries=ok + again[:1], step_runs=[kill])
+    assert check(within) == []  # 1 <= 1 kill x 1
+    over = observations(cfg, entries=entries, deliveries=ok + again[:2], step_runs=[kill])
     assert rules(over) == ["repeats"]
 
 
