@@ -58,6 +58,9 @@ UNDECIDED_ACTIONS: tuple[str, ...] = get_args(DedupSettings.model_fields["on_no_
 _CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+TRANSACTIONAL_LOOPS = ("raw", "delay")  # the loops that write in transactions (exactly_once)
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -361,6 +364,8 @@ class Metrics:
             self.undecided.labels(action)
         for why in REREAD_REASONS:
             self.records_reread.labels(why)
+        for loop in TRANSACTIONAL_LOOPS:
+            self.transactions_aborted.labels(loop)
         for result in RELEASE_RESULTS:
             self.releases.labels(result)
         for reason in INVALID_COMMAND_REASONS:
