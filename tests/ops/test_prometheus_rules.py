@@ -16,6 +16,7 @@ from tests.ops.conftest import (
     PROMETHEUS_CONFIG,
     PROMETHEUS_RULE,
     REPO,
+    RUNBOOK_BASE,
     SPARK_METRIC_NAME,
     alert_exprs,
     alert_rules,
@@ -84,21 +85,27 @@ def test_the_alerts_cover_quorum_lag_redis_dead_letters_blocking_and_readiness()
     for rule in rules.values():
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
         doc = "spark-cluster" if rule["alert"].startswith("DedupSpark") else "operations"
-        assert rule["annotations"]["runbook_url"].startswith(f"{RUNBOOK_BASE}{doc}.md#")
+        assert rule["annotations"]["runbook_url"].startswith(f"{RUNBOOK_BASE}/docs/{doc}.md#")
         assert "runbook" not in rule["annotations"]  # the URL only, under the usual name
 
 
-RUNBOOK_BASE = "https://dedup-gateway.example.com/docs/"
-
-
 def test_the_runbook_base_is_documented_where_it_is_set() -> None:
-    assert f"RUNBOOK_BASE = {RUNBOOK_BASE}" in ALERTS.read_text()
+    assert f"RUNBOOK_BASE = {RUNBOOK_BASE} here" in ALERTS.read_text()
+
+
+def test_every_runbook_url_is_the_one_base_then_a_path_under_docs() -> None:
+    """The base is replaced as a whole (the component splits each URL at "/docs/", the
+    chart strips the base): one base, nothing else before the path."""
+    for rule in alert_rules():
+        url = rule["annotations"]["runbook_url"]
+        base, rest = url.split("/docs/")
+        assert base == RUNBOOK_BASE and "/docs/" not in rest, url
 
 
 def test_every_alert_has_a_runbook_section_in_the_doc_it_names() -> None:
     for rule in alert_rules():
         url, anchor = rule["annotations"]["runbook_url"].split("#", 1)
-        path = "docs/" + url.removeprefix(RUNBOOK_BASE)
+        path = url.removeprefix(RUNBOOK_BASE + "/")
         doc = (REPO / path).read_text().lower()
         assert f"### {anchor}" in doc, f"{path} has no '### {rule['alert']}' section"
 
