@@ -12,6 +12,13 @@ the Redis instances' `used_cpu_user + used_cpu_sys` and the broker's from
 divided by the distinct ids (each instance holds one mark per id), after a
 FLUSHALL at the start.
 
+Exactly-once output (gateway-3-eos, `[kafka] exactly_once = "on"`; every other
+variant runs "off"): its throughput clock also waits for the last raw transaction to
+end, its clean topic is read back `read_committed` after the run (every id once,
+nothing of an aborted transaction), and its latency runs to the commit of the
+transaction that holds the copy: when a `read_committed` reader can see it
+(`TransactionWatch`). Without transactions that is the broker's acknowledgement.
+
 A cluster member (gateway-3-cluster) is several servers: each of its masters
 is flushed before the run, its CPU counts in the Redis CPU as any instance's,
 and its memory per mark is the growth summed over its masters per distinct id.
@@ -35,18 +42,20 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.processes import GatewayProcesses, process_cpu, write_config
 from bench.steady import fill_older
 from bench.variants import Subject, Variant, build_subject
+from devtools.harness import ids_of
 from devtools.localstack import LocalStack, free_port
-from devtools.topics import create_topics
+from devtools.topics import create_topics, read_topic
 from devtools.traffic import Traffic
 from gateway.config import RedisSettings, Settings, load_settings, parse_duration
 from gateway.metrics import Metrics
 from gateway.quorum.scripts import SLICES_BACK
+from gateway.service.app import Gateway
 
 REPO = Path(__file__).resolve().parents[1]
 Progress = Callable[[int], None]
@@ -94,6 +103,12 @@ class ThroughputRun:
     marks_per_bucket: float = 0.0
     # redis_cpu_s by server (the variant's members' servers, cluster masters first).
     redis_cpu_each_s: list[float] = field(default_factory=list)
+    # Exactly-once variants: raw transactions committed and aborted in the run, and
+    # whether a `read_committed` read of the clean topic held every id once (None:
+    # not read, the variant writes no transactions).
+    transactions: int = 0
+    transactions_aborted: int = 0
+    committed_ids_once: bool | None = None
 
     @property
     def rate(self) -> float:
@@ -104,7 +119,7 @@ class ThroughputRun:
         return (self.forwarded, self.duplicates) == (
             self.expected_forwarded,
             self.expected_duplicates,
-        )
+        ) and self.committed_ids_once is not False
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "rate": self.rate, "correct": self.correct}
@@ -183,6 +198,7 @@ def bench_config(
         "metrics": {"host": "127.0.0.1", "port": port},
         "log": {"level": "ERROR"},
     }  # fmt: skip
+    config["kafka"]["exactly_once"] = "on" if variant.exactly_once else "off"
     if buckets:
         config["redis"]["buckets"] = buckets
     if variant.lanes:
@@ -250,6 +266,54 @@ async def until(
         if deadline is not None and loop.time() > deadline:
             raise TimeoutError(f"not done within {timeout_s}s")
         await asyncio.sleep(0.01)
+
+
+class TransactionWatch:
+    """A running gateway's raw-loop transactions (`[kafka] exactly_once` on), watched:
+    how many committed and aborted, whether one is open, and `on_end(committed)` called
+    as each ends. Installed on the gateway's `Transactions` once its raw loop exists."""
+
+    def __init__(self, gateway: Gateway, on_end: Callable[[bool], None] | None = None) -> None:
+        source = gateway.source
+        transactions = source.checkpoint.transactions if source is not None else None
+        if transactions is None:
+            raise RuntimeError("the gateway's raw loop writes no transactions (exactly_once off?)")
+        self.open = False
+        self.commits = 0
+        self.aborts = 0
+        run = transactions.run
+
+        async def watched(*args: Any, **kwargs: Any) -> dict[TopicPartition, int]:
+            self.open = True
+            try:
+                offsets = await run(*args, **kwargs)
+            except BaseException:
+                self.aborts += 1
+                if on_end is not None:
+                    on_end(False)
+                raise
+            finally:
+                self.open = False
+            self.commits += 1
+            if on_end is not None:
+                on_end(True)
+            return offsets
+
+        transactions.run = watched  # type: ignore[method-assign]
+
+
+async def watch_transactions(
+    task: asyncio.Task[None], gateway: Gateway, on_end: Callable[[bool], None] | None = None
+) -> TransactionWatch:
+    """A `TransactionWatch` on `gateway` as soon as its raw loop exists."""
+    await until(task, lambda: gateway.source is not None)
+    return TransactionWatch(gateway, on_end)
+
+
+async def committed_ids_once(bootstrap: str, clean: str, ids: set[str]) -> bool:
+    """Whether a `read_committed` reader of `clean` sees each of `ids` once, and nothing else."""
+    seen = ids_of(await read_topic(bootstrap, clean, min_records=len(ids), timeout_s=120))
+    return set(seen) == ids and max(seen.values(), default=1) == 1
 
 
 async def redis_info(urls: Sequence[str]) -> list[dict[str, Any]]:
@@ -344,7 +408,11 @@ async def throughput(
     counts = subject.metrics
     before = await redis_info(urls)
     total = raw.traffic.produced
+    watch: TransactionWatch | None = None
     async with running(subject) as task:
+        if variant.exactly_once:
+            assert isinstance(subject, Gateway)
+            watch = await watch_transactions(task, subject)
         # The clock starts when the first batch is in hand: the group join is not timed.
         await until(task, lambda: counts.consumed() > 0)
         t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
@@ -354,13 +422,17 @@ async def throughput(
         def finished() -> bool:  # polled every 10 ms: one read of the counters (~75 µs)
             handled = counts.handled()
             progress(handled)
-            return handled >= total
+            # Exactly once: handled at the copies' acknowledgement, done at the commit.
+            return handled >= total and (watch is None or not watch.open)
 
         await until(task, finished)
         seconds, cpu = time.perf_counter() - t0, cpu_of() - cpu0
         broker_cpu = process_cpu(broker_pid) - broker0
         waited = counts.vote_wait_s() - waited0
         after = await redis_info(urls)
+    once = None
+    if watch is not None:
+        once = await committed_ids_once(stack.bootstrap, clean, raw.traffic.unique_ids)
     await delete_topics(
         stack.bootstrap, [f"{clean}-quarantine"] if keep_clean else [clean, f"{clean}-quarantine"]
     )
@@ -390,6 +462,9 @@ async def throughput(
             ids / (buckets or RedisSettings.model_fields["buckets"].default)
             if variant.dedup and not variant.naive else 0.0
         ),
+        transactions=watch.commits if watch is not None else 0,
+        transactions_aborted=watch.aborts if watch is not None else 0,
+        committed_ids_once=once,
     )  # fmt: skip
 
 
@@ -406,16 +481,34 @@ class Recorder:
 
 
 class RecordingMetrics(Metrics):
-    """The gateway's metrics, with every forward latency kept (the product samples them)."""
+    """The gateway's metrics, with every forward latency kept (the product samples them).
+
+    `at_commit` (exactly once): a copy's latency runs to the commit of its transaction,
+    not to its acknowledgement: the acknowledged copies' timestamps wait in `pending`
+    until `transaction_ended` (a `TransactionWatch`) says it committed; an aborted one's
+    copies are dropped (their records are read and forwarded again)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.recorder = Recorder()
+        self.at_commit = False
+        self.pending: list[int] = []
 
     def observe_forward_latency(self, now_ms: float, timestamps_ms: Sequence[int | None]) -> None:
+        if self.at_commit:
+            self.pending.extend(ts for ts in timestamps_ms if ts is not None)
+            return
         observe = self.recorder.observe
         for ts in timestamps_ms:
             if ts is not None:
+                observe((now_ms - ts) / 1000)
+
+    def transaction_ended(self, committed: bool, now_ms: float | None = None) -> None:
+        pending, self.pending = self.pending, []
+        if committed:
+            now_ms = time.time() * 1000 if now_ms is None else now_ms
+            observe = self.recorder.observe
+            for ts in pending:
                 observe((now_ms - ts) / 1000)
 
 
@@ -454,6 +547,10 @@ async def latency(
     subject = build_subject(variant, bench_settings(stack, variant, raw, clean), metrics)
     recorder = metrics.recorder
     async with running(subject) as task:
+        if variant.exactly_once:  # before the load starts: the raw topic is empty
+            assert isinstance(subject, Gateway)
+            await watch_transactions(task, subject, metrics.transaction_ended)
+            metrics.at_commit = True
         await until(task, lambda: bool(subject.partitions()))
         recorder.from_time = time.monotonic() + warmup
         produced, busy = await _offer_load(stack, raw, rate, seconds, share, value_size)

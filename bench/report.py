@@ -32,7 +32,9 @@ SPARK_PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commi
 TARGET_SHARE = 0.2
 HALF_FORWARDER = "half forwarder max"  # the load named after the forwarder's maximum
 # Variants also measured at half their own median maximum (bench/run.py, `_loads`).
-HALF_OWN = ("gateway-3", "gateway-5")
+HALF_OWN = ("gateway-3", "gateway-3-eos", "gateway-5")
+# Exactly-once output against the same variant without it (bench/variants.py).
+EOS, AT_LEAST_ONCE = "gateway-3-eos", "gateway-3"
 
 
 def half_own(variant: str) -> str:
@@ -266,10 +268,19 @@ class Results:
         rows.append(("gateway-3 process CPU per record / forwarder's", f"{share:.0%} dups",
                      "<= 1.25", self.process_cpu_ratio("gateway-3", FORWARDER.name, share),
                      lambda v: v <= 1.25))  # fmt: skip
+        rows += [
+            (f"{EOS} / {AT_LEAST_ONCE}", f"{share:.0%} dups", ">= 0.8",
+             self.ratio(EOS, AT_LEAST_ONCE, share), lambda v: v >= 0.8),
+            (f"{EOS} process CPU per record / {AT_LEAST_ONCE}'s", f"{share:.0%} dups", NO_GOAL,
+             self.process_cpu_ratio(EOS, AT_LEAST_ONCE, share), lambda v: None),
+        ]  # fmt: skip
         for load in self.loads:
             if (lat := self.latency("gateway-3", load)) is not None:
                 rows.append(("gateway-3 p99 over broker-floor, ms", load, "<= 25",
                              self.added(lat, 99), lambda v: v <= 25))  # fmt: skip
+            if (lat := self.latency(EOS, load)) is not None:
+                rows.append((f"{EOS} p99 over broker-floor, ms (to the commit)", load, NO_GOAL,
+                             self.added(lat, 99), lambda v: None))  # fmt: skip
         if (lat := self.latency("gateway-5", half_own("gateway-5"))) is not None:
             rows.append(("gateway-5 p99 over broker-floor, ms", lat.load, NO_GOAL,
                          self.added(lat, 99), lambda v: None))  # fmt: skip
@@ -310,7 +321,8 @@ class Results:
                 rows.append(("Spark fixed cost per micro-batch, s", "spark-job, 1-record batch",
                              "<= 0.5", self.spark_median("spark-job", "batch_fixed_s"),
                              lambda v: v <= 0.5))  # fmt: skip
-        bounded = (("gateway-3", FORWARDER.name), ("gateway-5", "gateway-3"))
+        bounded = (("gateway-3", FORWARDER.name), ("gateway-5", "gateway-3"),
+                   (EOS, AT_LEAST_ONCE))  # fmt: skip
         allow = {f"{v} / {b}": self.cores_allow(v, b, share) for v, b in bounded}
         return [
             {"target": name, "where": where, "goal": goal, "measured": value, "met": met(value),
@@ -339,11 +351,40 @@ class Results:
                 })  # fmt: skip
         return rows
 
+    def exactly_once(self) -> list[dict[str, Any]]:
+        """Per share, gateway-3-eos against gateway-3 in the same rounds: the ratio of
+        records/s (median, and each round's), CPU per record by process, the raw
+        transactions (records per transaction, aborted), and whether every run's
+        `read_committed` read of the clean topic held each id once."""
+        rows = []
+        for share in self.shares:
+            eos, base = self.of(EOS, share), self.of(AT_LEAST_ONCE, share)
+            if not eos or not base:
+                continue
+            by_round = {r.round: r.rate for r in base}
+            rows.append({
+                "share": share,
+                "ratio": self.ratio(EOS, AT_LEAST_ONCE, share),
+                "ratio_per_round": [r.rate / by_round[r.round] for r in eos
+                                    if r.round in by_round],
+                "rates": {EOS: self.rate(EOS, share),
+                          AT_LEAST_ONCE: self.rate(AT_LEAST_ONCE, share)},
+                "cpu_split": {name: self.cpu_split(name, share) for name in (EOS, AT_LEAST_ONCE)},
+                "transactions": statistics.median(r.transactions for r in eos),
+                "records_per_transaction": statistics.median(
+                    r.records / r.transactions for r in eos if r.transactions
+                ) if any(r.transactions for r in eos) else None,
+                "aborted": sum(r.transactions_aborted for r in eos),
+                "committed_ids_once": all(r.committed_ids_once for r in eos),
+            })  # fmt: skip
+        return rows
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "machine": self.machine,
             "options": self.options,
             "summary": self.summary(),
+            "exactly_once": self.exactly_once(),
             "spark": self.spark_summary(),
             "scaling": self.scaling(),
             "latency": [
@@ -370,7 +411,7 @@ class Results:
 
     def cpu_splits(self) -> list[dict[str, Any]]:
         """`cpu_split` of the forwarder and the product variants that ran, target share."""
-        names = (FORWARDER.name, "gateway-3", "gateway-3-fresh", "gateway-5")
+        names = (FORWARDER.name, "gateway-3", EOS, "gateway-3-fresh", "gateway-5")
         splits = (self.cpu_split(n, self.target_share) for n in names if n in self.present)
         return [s for s in splits if s is not None]
 
@@ -391,7 +432,9 @@ class Results:
         }
 
 
-def machine() -> dict[str, Any]:
+def machine(load_at_start: tuple[float, float, float] | None = None) -> dict[str, Any]:
+    """The host, and its load average (1, 5, 15 minutes) now and at the run's start: other
+    work on the machine shares its cores with the benchmark."""
     cpu = "unknown"
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -412,6 +455,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "redis": redis_version.removeprefix("v="),
+        "load_at_start": list(load_at_start) if load_at_start is not None else None,
+        "load_at_end": list(os.getloadavg()),
     }
 
 
@@ -466,6 +511,18 @@ def chart(results: Results, path: Path) -> None:
     plt.close(fig)
 
 
+def _load_line(m: dict[str, Any]) -> list[str]:
+    """The machine's load average, where recorded: other work shares its cores."""
+    if not m.get("load_at_end"):
+        return []
+
+    def avg(load: list[float]) -> str:
+        return " / ".join(f"{v:.2f}" for v in load)
+
+    start = f"{avg(m['load_at_start'])} at the start, " if m.get("load_at_start") else ""
+    return [f"Load average (1 / 5 / 15 min): {start}{avg(m['load_at_end'])} at the end."]
+
+
 def _fmt(value: float | None, digits: int = 2, missing: str = "n/a") -> str:
     return missing if value is None else f"{value:,.{digits}f}"
 
@@ -485,6 +542,7 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
     lines = [
         f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), {m['platform']}, "
         f"Python {m['python']}, redis-server {m['redis']}, Apache Kafka broker (local stack).",
+        *_load_line(m),
         f"{o['records']:,} records per run ({o['naive_records']:,} for naive-3), "
         f"{o['value_size']}-byte values, {o['partitions']} raw partitions, "
         f"{o['rounds']} rounds, medians quoted.",
@@ -590,6 +648,33 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
                 ),
             ),
         ]  # fmt: skip
+    if eos_rows := results.exactly_once():
+        lines += [
+            "",
+            f'**Exactly-once output** ({EOS}: `[kafka] exactly_once = "on"`, each '
+            f"raw batch's copies and offsets in one transaction; {AT_LEAST_ONCE} and every "
+            'other variant "off"; same rounds; CPU µs per record: gateway process / '
+            "Redis, all members / broker)",
+            "",
+        ]
+        for e in eos_rows:
+            cpu = [
+                f"{name} {c['gateway_us']:.2f} / {sum(c['redis_us']):.2f} / {c['broker_us']:.2f}"
+                for name, c in e["cpu_split"].items()
+                if c is not None
+            ]
+            lines.append(
+                f"- {e['share']:.0%} dups: {EOS} / {AT_LEAST_ONCE} = {_fmt(e['ratio'])} (rounds: "
+                + ", ".join(f"{v:.2f}" for v in e["ratio_per_round"])
+                + "); records/s "
+                + ", ".join(f"{n} {v:,.0f}" for n, v in e["rates"].items())
+                + f"; {e['transactions']:,.0f} transactions per run, "
+                + f"{_fmt(e['records_per_transaction'], 0)} records each, "
+                + f"{e['aborted']} aborted; CPU "
+                + ", ".join(cpu)
+                + "; each id once to a read_committed reader: "
+                + ("yes" if e["committed_ids_once"] else "**no**")
+            )
     if (scaling := results.scaling()) is not None:
         lines += [
             "",
@@ -601,11 +686,17 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
             + ", ".join(f"{n} {v:.1f}" for n, v in scaling["cpu_s_per_m"].items()),
         ]
     if results.latencies:
+        eos_to_commit = (
+            f", {EOS}'s to its transaction's commit"
+            if any(r.variant == EOS for r in results.latencies)
+            else ""
+        )
         lines += [
             "",
             f"**Latency** at the same offered loads for every variant, "
             f"{results.target_share:.0%} duplicates, raw CreateTime to the clean record's broker "
-            f"ack ({o['latency_seconds']} s of load, first {o['warmup_seconds']} s not counted); "
+            f"ack{eos_to_commit} ({o['latency_seconds']} s of load, "
+            f"first {o['warmup_seconds']} s not counted); "
             "`+p50`/`+p99`: over broker-floor at the same load; cores busy: every process on "
             "the machine, the load generator's included, while the load ran",
             "",

@@ -11,7 +11,8 @@
    or last. Ratios compare runs of the same round.
 4. Latency, at the same offered loads for every variant (20% duplicates):
    `--latency-rates` (default 5,000 records/s) and half of the forwarder's
-   median maximum; at each load also `broker-floor`, the same load read by a
+   median maximum (gateway-3, gateway-3-eos and gateway-5 also at half their own);
+   at each load also `broker-floor`, the same load read by a
    bare consumer: the part of the latency that is the broker's, the load
    generator's and the client's. The gateway's addition is its percentile
    minus the floor's at the same load.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -107,6 +109,7 @@ async def prepare(stack: LocalStack, opts: Options) -> dict[tuple[str, float], P
 async def bench(opts: Options) -> report.Results:
     state = default_state_dir() / "bench"
     shutil.rmtree(state, ignore_errors=True)
+    load_at_start = os.getloadavg()
     most_redis = max(v.redis for v in VARIANTS)
     masters = CLUSTER_MASTERS if any(v.cluster for v in _chosen(opts)) else 0
     with LocalStack(state, redis_count=most_redis, cluster_masters=masters) as stack:
@@ -181,15 +184,18 @@ async def bench(opts: Options) -> report.Results:
         delay = await delay_bench.measure(stack, opts.delay_records) if opts.delay_records else None
         if spark_bench is not None:
             spark_bench.close()
-    return report.Results(runs=runs, latencies=latencies, options=_options_dict(opts), delay=delay)
+    return report.Results(
+        runs=runs, latencies=latencies, options=_options_dict(opts), delay=delay,
+        machine=report.machine(load_at_start),
+    )  # fmt: skip
 
 
 def _loads(opts: Options, runs: list[ThroughputRun], share: float) -> list[tuple[str, float, str]]:
     """The offered loads latency is measured at: (name, records/s, the one variant
     measured there, or '' for every variant that can carry it). Each load also gets
     broker-floor: `--latency-rates`, half the forwarder's median maximum, and half
-    of gateway-3's and gateway-5's own (report.HALF_OWN): a variant at the same share of
-    what it can carry, whatever the others can."""
+    of gateway-3's, gateway-3-eos's and gateway-5's own (report.HALF_OWN): a variant at
+    the same share of what it can carry, whatever the others can."""
     loads = [(f"{rate:,.0f}/s", rate, "") for rate in opts.latency_rates]
     forwarder = [r.rate for r in runs if r.variant == FORWARDER.name and r.share == share]
     if forwarder:

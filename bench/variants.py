@@ -8,7 +8,13 @@
 - `forwarder`: the gateway's own process and data path (consumer, ids, tokens,
   headers, batches, producer, commits) with dedup switched off, no Redis call;
 - `gateway-N`: the product, one CLAIM script call per instance per batch, the
-  N instances queried concurrently;
+  N instances queried concurrently; at-least-once output (`[kafka] exactly_once =
+  "off"`, as every variant but gateway-3-eos: how every result before it was measured);
+- `gateway-3-eos`: gateway-3 with exactly-once output (`exactly_once = "on"`): each
+  raw batch's clean copies and its raw offsets in one Kafka transaction
+  (gateway/kafka/exactly_once.py); its latency runs to the transaction's commit, when
+  a `read_committed` reader can see the copies, and its clean topic is read back
+  `read_committed` after each run (every id once);
 - `gateway-3-fresh`: gateway-3 on members that start empty, with the default
   `[redis] buckets` (16,384: about a dozen marks per bucket at the benchmark's
   size, one live slice): how the benchmark measured before `--fill`; every
@@ -31,8 +37,8 @@
   Spark half on the clean topic gateway-3 wrote in the same round, at the
   targets' duplicate share (bench/spark.py).
 
-The first eight run in the benchmark's own process (same event loop, same
-measuring overhead), so their ratios compare like with like.
+All but gateway-3xN and the spark variants run in the benchmark's own process
+(same event loop, same measuring overhead), so their ratios compare like with like.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class Variant:
     headers: bool = False  # the ceiling adds three headers like the gateway's
     opt_in: bool = False  # run only when named in --variants
     fresh: bool = False  # members not filled first, default `[redis] buckets` (bench/steady.py)
+    exactly_once: bool = False  # `[kafka] exactly_once` "on", else "off" (at-least-once)
 
     @property
     def fixed_load(self) -> bool:
@@ -86,6 +93,7 @@ VARIANTS: tuple[Variant, ...] = (
     FORWARDER,
     Variant("gateway-1", redis=1),
     Variant("gateway-3", redis=3),
+    Variant("gateway-3-eos", redis=3, exactly_once=True),
     Variant("gateway-3-fresh", redis=3, fresh=True),
     Variant("gateway-5", redis=5),
     Variant("naive-3", redis=3, naive=True),

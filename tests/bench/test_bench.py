@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import report, run
+from bench import measure, report, run
 from bench.measure import FLOOR, ThroughputRun
 from bench.processes import ScrapedCounts
 from bench.steady import SIZING_FILL
@@ -102,6 +102,25 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
             assert r["live_slices"] == 1 and r["marks_per_bucket"] < 1, r
     assert f"3 live slices, ~{SIZING_FILL} marks per bucket | <= 4 |" in text
     assert "| Redis CPU per new id, gateway-3-fresh, µs | per instance, 0% dups, 1 live" in text
+    # Exactly-once output: gateway-3-eos wrote its copies in transactions, none aborted, and
+    # a read_committed reader saw each id once; gateway-3 (at-least-once) wrote none.
+    for r in runs:
+        if r["variant"] == "gateway-3-eos":
+            assert r["transactions"] > 0 and r["transactions_aborted"] == 0, r
+            assert r["committed_ids_once"] is True, r
+        else:
+            assert r["transactions"] == 0 and r["committed_ids_once"] is None, r
+    assert [e["share"] for e in written["exactly_once"]] == [0.0, 0.5]
+    assert all(e["ratio"] > 0 and e["committed_ids_once"] for e in written["exactly_once"])
+    (eos,) = [t for t in written["targets"] if t["target"] == "gateway-3-eos / gateway-3"]
+    assert eos["goal"] == ">= 0.8" and eos["measured"] > 0 and eos["cores_allow"] > 0
+    eos_latency = [t for t in written["targets"] if t["target"].startswith("gateway-3-eos p99")]
+    assert {t["where"] for t in eos_latency} == {
+        "500/s",
+        report.HALF_FORWARDER,
+        report.half_own("gateway-3-eos"),
+    }
+    assert "**Exactly-once output**" in text and "| gateway-3-eos / gateway-3 |" in text
 
 
 def test_the_spark_variants_read_gateway_3s_clean_topic_of_the_round_and_write_each_row_once(
@@ -173,6 +192,19 @@ def test_what_the_cores_allow_is_a_rate_with_every_core_busy_against_the_baselin
     # Same-round pairs: 666.7 / 1000, 666.7 / 500, 666.7 / 1000; the median.
     assert target["cores_allow"] == pytest.approx(2 / 3)
     assert target["measured"] == 0.5  # measured stays measured: the bound only explains it
+
+
+def test_eos_latency_runs_to_the_commit_and_drops_an_aborted_transactions_copies() -> None:
+    metrics = measure.RecordingMetrics()
+    metrics.recorder.from_time = 0
+    metrics.observe_forward_latency(1_000_010, [1_000_000])  # acknowledged, no transactions
+    metrics.at_commit = True
+    metrics.observe_forward_latency(1_000_010, [1_000_000, None])
+    assert metrics.recorder.samples_ms == [10.0] and metrics.pending == [1_000_000]
+    metrics.transaction_ended(True, now_ms=1_000_050)  # committed 50 ms after the raw record
+    metrics.observe_forward_latency(1_000_060, [1_000_040])
+    metrics.transaction_ended(False)  # aborted: its records are read and forwarded again
+    assert metrics.recorder.samples_ms == [10.0, 50.0] and metrics.pending == []
 
 
 def test_a_scrape_of_the_workers_metrics_gives_their_summed_wait_for_votes() -> None:
