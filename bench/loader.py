@@ -14,6 +14,7 @@ import functools
 import json
 import random
 import sys
+import threading
 import time
 
 from confluent_kafka import Producer
@@ -25,8 +26,10 @@ TICK_S = 0.005  # produce in 5 ms slices: the pacing error stays far below the 2
 
 def produce_at_rate(
     bootstrap: str, topic: str, rate: float, seconds: float, duplicate_share: float,
-    value_size: int, seed: int,
+    value_size: int, seed: int, stop: threading.Event | None = None, id_prefix: str = "lat",
 ) -> dict[str, int]:  # fmt: skip
+    """Produce at `rate` for `seconds` or until `stop` is set (bench/restart.py runs it
+    in a thread); ids `<id_prefix>-<n>`."""
     rng = random.Random(seed)
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all", "enable.idempotence": False}
@@ -36,14 +39,14 @@ def produce_at_rate(
     issued: list[str] = []
     produced = duplicates = 0
     started = time.monotonic()
-    while (elapsed := time.monotonic() - started) < seconds:
+    while (elapsed := time.monotonic() - started) < seconds and not (stop and stop.is_set()):
         due = int(rate * elapsed) - produced
         for _ in range(max(due, 0)):
             if issued and rng.random() < duplicate_share:
                 message_id = rng.choice(issued)
                 duplicates += 1
             else:
-                message_id = f"lat-{produced}"
+                message_id = f"{id_prefix}-{produced}"
                 issued.append(message_id)
             send = functools.partial(
                 producer.produce,
