@@ -60,6 +60,9 @@ class LaneScheduler:
         self.held_since: dict[str, float] = {}
         self.releasing: dict[str, float] = {}  # starved lane -> end of its release
         self.paused: set[TopicPartition] = set()  # what this scheduler paused
+        # Until the lag is first read, only the top lanes run: a group join can finish
+        # (and a fetch bring records) before that read does.
+        self.lag_known = False
 
     def apply(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         """Before a fetch: pause the held lanes' partitions, resume the rest it paused
@@ -75,7 +78,11 @@ class LaneScheduler:
         for name, until in list(self.releasing.items()):
             if now >= until:
                 del self.releasing[name]
-        hold, starved = plan(self.lanes, self.lag, self.held_since, now)
+        if self.lag_known:
+            hold, starved = plan(self.lanes, self.lag, self.held_since, now)
+        else:
+            top = self.lanes[0].priority
+            hold, starved = {lane.name for lane in self.lanes if lane.priority < top}, set()
         for name in starved:
             self.releasing[name] = now + STARVE_WINDOW_S
             self.held_since.pop(name, None)
@@ -128,6 +135,7 @@ class LaneScheduler:
             await self.read_lag(consumer)
         except (KafkaError, OSError, TimeoutError) as exc:
             logger.warning("lane lag not read at start (%r): every lane runs until it is", exc)
+            self.lag_known = True
 
     async def read_lag(self, consumer: AIOKafkaConsumer) -> None:
         partitions = [
@@ -153,5 +161,6 @@ class LaneScheduler:
                 high = max(consumer.highwater(tp) or 0, ends[tp])
                 lag[self.lane_of[tp.topic]] += max(0, high - await consumer.position(tp))
         self.lag = lag
+        self.lag_known = True
         for name, records in lag.items():
             self.metrics.lane_lag.labels(name).set(records)
