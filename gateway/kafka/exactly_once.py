@@ -108,3 +108,8 @@ class Transactions:
             self.use(self.producer)
         logger.warning("%s: a new transactional producer under the same id goes on", self.what)
         await stop_within(old)
+        # The fencing error ended the old producer's sender task and its transaction:
+        # it was handled here, so both are marked seen (asyncio would log them).
+        for done in (old._sender.sender_task, old._txn_manager._transaction_waiter):
+            if done is not None and done.done() and not done.cancelled():
+                done.exception()

@@ -14,13 +14,15 @@ import contextlib
 import functools
 import logging
 import uuid
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from gateway.config import KafkaSettings, Settings
 from gateway.delay.coalescer import Coalescer
 from gateway.delay.leftovers import refuse_stranded_tiers
-from gateway.delay.loop import start_delay_loop
+from gateway.delay.loop import DelayLoop, start_delay_loop
 from gateway.delay.router import Router
 from gateway.errors import ConfigError
 from gateway.failures.fetch_back import RawFetcher
@@ -49,6 +51,18 @@ from gateway.waits import wait_or_stop
 logger = logging.getLogger(__name__)
 
 READINESS_EVERY_S = 1.0
+
+
+@dataclass
+class Connected:
+    """What start-up built that the run phase drives."""
+
+    source: RawSource
+    failures: FailureLoop
+    commands: AIOKafkaConsumer
+    raw_reader: AIOKafkaConsumer
+    delay: DelayLoop | None
+    lanes: LaneScheduler
 
 
 class Gateway:
@@ -106,72 +120,103 @@ class Gateway:
             # that gave no answer (a bounded wait), so they outlive this process.
             stack.push_async_callback(self.quorum.drain_at_stop)
             await self.quorum.wait_for_majority(stop)
-            if not await wait_for_broker(kafka, stop):
+            running = await self._connect_until_up(stack, stop)
+            if running is None:
                 return
-            producer = build_producer(kafka)
-            await producer.start()
-            stack.push_async_callback(producer.stop)
-            # Every collaborator is built here, once, and handed to those that use it.
-            settings, metrics = self.settings, self.metrics
-            sink = Sink(producer, kafka, metrics)  # every loop's: raw, delay, failure
-            coalescer = (
-                Coalescer(settings, self.quorum, metrics) if settings.coalesce.enabled else None
-            )  # updates on the raw path, closes in the delay loop: one window state
-            router = Router(settings, metrics) if settings.delay.enabled else None
-            exactly_once = await self._exactly_once(producer)
-            delay = None
-            if router is not None:  # before any record is routed to a tier topic
-                delay_txn = await self._in_transactions("delay", stack) if exactly_once else None
-                delay = await start_delay_loop(
-                    settings, delay_txn[1] if delay_txn else sink, metrics, stack, coalescer,
-                    delay_txn[0] if delay_txn else None,
-                )  # fmt: skip
-            else:  # records waiting in a tier would never be delivered: refuse
-                await refuse_stranded_tiers(settings)
-            consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
-            stack.push_async_callback(stop_all_within, consumers)  # for a held join
-            consumer = build_consumer(
-                kafka,
-                kafka.group_id,
-                max_partition_fetch_bytes=4 * 1024 * 1024,
-                fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
-            )
-            await consumer.start()
-            consumers.append(consumer)
-            transactions, raw_sink = None, sink
-            if exactly_once:  # the raw loop's copies go in its own transactions
-                transactions, raw_sink = await self._in_transactions("raw", stack)
-            pipeline = Pipeline(
-                settings, self.quorum, raw_sink, metrics, router=router, coalescer=coalescer
-            )
-            lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
-            source = RawSource(
-                consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
-                lanes if lanes.active else None, transactions,
-            )  # fmt: skip
-            consumer.subscribe(kafka.raw_topics, listener=source.listener())
-            if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
-                await lanes.first_read(consumer)
-
-            failures = FailureLoop(settings, self.quorum, sink, metrics)
-            commands = build_consumer(kafka, f"{kafka.group_id}.failures")
-            await commands.start()
-            consumers.append(commands)
-            commands.subscribe([kafka.failure_topic], listener=failures.listener())
-            raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
-            await raw_reader.start()
-            consumers.append(raw_reader)
-            self.source = source
+            source, lanes = running.source, running.lanes
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(source.run(stop))
-                tasks.create_task(failures.run(commands, RawFetcher(raw_reader), stop))
+                tasks.create_task(
+                    running.failures.run(running.commands, RawFetcher(running.raw_reader), stop)
+                )
                 tasks.create_task(self._report_readiness(stop))
-                if delay is not None:
-                    tasks.create_task(delay.run(stop))
+                if running.delay is not None:
+                    tasks.create_task(running.delay.run(stop))
                 if lanes.active:
-                    tasks.create_task(lanes.run(consumer, stop))
+                    tasks.create_task(lanes.run(source.consumer, stop))
                 tasks.create_task(self.quorum.watch(stop))
         logger.info("stopped after %d batches", self.batches)
+
+    async def _connect_until_up(
+        self, stack: contextlib.AsyncExitStack, stop: asyncio.Event
+    ) -> Connected | None:
+        """Wait for the broker, then start every client and loop part; None at `stop`.
+        A broker that stops answering in the middle (a restart, a hang) is waited for
+        again, what had started stopped first: start-up never exits on it."""
+        kafka = self.settings.kafka
+        while await wait_for_broker(kafka, stop):
+            attempt = contextlib.AsyncExitStack()
+            try:
+                running = await self._connect(attempt)
+            except (KafkaError, OSError) as exc:
+                await attempt.aclose()
+                logger.warning(
+                    "the Kafka broker at %s stopped answering during start-up (%r): waiting "
+                    "for it again", kafka.bootstrap_servers, exc,
+                )  # fmt: skip
+                continue
+            stack.push_async_callback(attempt.aclose)
+            return running
+        return None
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> Connected:
+        """Start the clients and build the loops (each started client's stop on `stack`)."""
+        kafka = self.settings.kafka
+        producer = build_producer(kafka)
+        await producer.start()
+        stack.push_async_callback(producer.stop)
+        # Every collaborator is built here, once, and handed to those that use it.
+        settings, metrics = self.settings, self.metrics
+        sink = Sink(producer, kafka, metrics)  # every loop's: raw, delay, failure
+        coalescer = (
+            Coalescer(settings, self.quorum, metrics) if settings.coalesce.enabled else None
+        )  # updates on the raw path, closes in the delay loop: one window state
+        router = Router(settings, metrics) if settings.delay.enabled else None
+        exactly_once = await self._exactly_once(producer)
+        delay = None
+        if router is not None:  # before any record is routed to a tier topic
+            delay_txn = await self._in_transactions("delay", stack) if exactly_once else None
+            delay = await start_delay_loop(
+                settings, delay_txn[1] if delay_txn else sink, metrics, stack, coalescer,
+                delay_txn[0] if delay_txn else None,
+            )  # fmt: skip
+        else:  # records waiting in a tier would never be delivered: refuse
+            await refuse_stranded_tiers(settings)
+        consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
+        stack.push_async_callback(stop_all_within, consumers)  # for a held join
+        consumer = build_consumer(
+            kafka,
+            kafka.group_id,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+            fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
+        )
+        await consumer.start()
+        consumers.append(consumer)
+        transactions, raw_sink = None, sink
+        if exactly_once:  # the raw loop's copies go in its own transactions
+            transactions, raw_sink = await self._in_transactions("raw", stack)
+        pipeline = Pipeline(
+            settings, self.quorum, raw_sink, metrics, router=router, coalescer=coalescer
+        )
+        lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
+        source = RawSource(
+            consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
+            lanes if lanes.active else None, transactions,
+        )  # fmt: skip
+        consumer.subscribe(kafka.raw_topics, listener=source.listener())
+        if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
+            await lanes.first_read(consumer)
+
+        failures = FailureLoop(settings, self.quorum, sink, metrics)
+        commands = build_consumer(kafka, f"{kafka.group_id}.failures")
+        await commands.start()
+        consumers.append(commands)
+        commands.subscribe([kafka.failure_topic], listener=failures.listener())
+        raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
+        await raw_reader.start()
+        consumers.append(raw_reader)
+        self.source = source
+        return Connected(source, failures, commands, raw_reader, delay, lanes)
 
     async def _exactly_once(self, producer: AIOKafkaProducer) -> bool:
         """Whether `[kafka] exactly_once` resolves on for this broker; ConfigError when
