@@ -132,7 +132,7 @@ class KafkaSettings(_Section):
     # A member silent this long (e.g. killed) is dropped from the group and its
     # partitions move on; heartbeats go every third of it.
     session_timeout: Duration = timedelta(seconds=10)
-    # Passed through to aiokafka; see the README's security section.
+    # Passed through to the clients; docs/operations.md, "Security".
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
@@ -277,7 +277,7 @@ def id_spec(spec: str) -> str:
 
 
 class CoalesceSettings(_Section):
-    """Coalescing windows (gateway/delay/coalescer.py, README "Coalescing windows")."""
+    """Coalescing windows (gateway/delay/coalescer.py, docs/coalescing.md)."""
 
     enabled: bool = False
     # What names the entity whose versions merge: the `[dedup] id` syntax.
@@ -289,7 +289,7 @@ class CoalesceSettings(_Section):
     max_window: Duration = timedelta(seconds=30)
     # How long after its end a window still takes updates stamped inside it (records
     # in flight: producer linger, broker, fetch): it closes at end + grace by the
-    # gateway's clock. Later updates are counted as late (README "Coalescing windows").
+    # gateway's clock. Later updates are counted as late (docs/coalescing.md, "Late updates").
     grace: Duration = timedelta(seconds=1)
 
     @field_validator("key")
@@ -326,7 +326,7 @@ class FailureSettings(_Section):
 
 
 class DelaySettings(_Section):
-    """Scheduled delivery (gateway/delay/loop.py, README "Scheduled delivery")."""
+    """Scheduled delivery (gateway/delay/loop.py, docs/delay.md)."""
 
     enabled: bool = False
     # The fixed delay of each tier topic `<clean_topic>.delay.<tier>`, smallest first;

@@ -40,8 +40,8 @@ async def create_topic(broker: str, topic: str) -> None:
 
 async def read(broker: str, topic: str, at_least: int) -> list[Any]:
     """Every record of `topic` from the start, once at least `at_least` are there
-    (fails after DEADLINE_S). Reads by fetching, not ListOffsets (see
-    ENVIRONMENT.md: wrong on the test broker)."""
+    (fails after DEADLINE_S), plus what three more fetches bring: it reads by
+    fetching, asking the broker for no offsets."""
     consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
     await consumer.start()
     try:
