@@ -16,8 +16,10 @@ guarantee is one rule:
 - `quarantine`: every unusable record is on the quarantine topic with its
   coordinates (one `dedup-source`) and reason (`dedup-error`), usable ones never;
 - `twice`: no id is processed successfully twice;
-- `repeats`: deliveries of a token already processed (the crash window) stay
-  within `max_batch_records` per raw partition per gateway kill;
+- `repeats`: a token already processed is never delivered again on its first
+  attempt (the gateways run `exactly_once` on; the stand-in reads `read_committed`);
+  repeated retries (the failure loop is at-least-once) stay within
+  `max_batch_records` per raw partition per gateway kill;
 - `dead-letter`: only ids that always fail are dead-lettered, at `max_attempts`;
 - `command-invalid`: a command the job sent for a record it failed is never
   skipped as invalid (from the gateways' logs: the id may still come through when

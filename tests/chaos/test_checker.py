@@ -140,8 +140,8 @@ def test_a_clean_run_passes():
         deliveries=[
             delivery(good, (0, 0)),
             delivery(once, (0, 2), "failed", "21"),
-            delivery(once, (0, 2), "repeat", "21"),
             delivery(once, (0, 2), "ok", "22", 2),
+            delivery(once, (0, 2), "repeat", "22", 2),  # the retry, repeated by the kill
             *(delivery(always, (0, 3), "failed", f"3{a}", a) for a in (1, 2, 3)),
         ],
         dead=[DeadLetter(always, cfg.max_attempts, (0, 3), 5.0)],
@@ -174,18 +174,21 @@ def test_an_id_processed_successfully_twice_fails_unless_beyond_the_guarantees()
     assert [(v.rule, v.tolerated) for v in beyond] == [("twice", True)]
 
 
-def test_repeated_tokens_are_bounded_by_the_kills_one_retry_each():
-    """exactly_once on: a kill may repeat one retry per raw partition, nothing else."""
+def test_a_first_attempt_is_never_repeated_and_repeated_retries_are_bounded_by_the_kills():
+    """exactly_once on: the raw and delay paths repeat nothing; the failure loop's
+    retries (attempt 2 and on) may repeat within the crash window."""
     cfg = config(max_batch_records=2)
     good = ids_with_fate(cfg, "ok", 4)
     entries = [entry(0, i, m) for i, m in enumerate(good)]
     ok = [delivery(m, (0, i), token=str(i)) for i, m in enumerate(good)]
     again = [delivery(m, (0, i), "repeat", token=str(i)) for i, m in enumerate(good)]
-    assert rules(observations(cfg, entries=entries, deliveries=ok + again[:1])) == ["repeats"]
     kill = StepRun(Step(0, Fault.GATEWAY_KILL, 0, 1.0), 0.0, 1.0)
-    within = observations(cfg, entries=entries, deliveries=ok + again[:1], step_runs=[kill])
-    assert check(within) == []  # 1 <= 1 kill x 1
-    over = observations(cfg, entries=entries, deliveries=ok + again[:2], step_runs=[kill])
+    first = observations(cfg, entries=entries, deliveries=ok + again[:1], step_runs=[kill])
+    assert rules(first) == ["repeats"]  # a first attempt, even right after a kill
+    retried = [dataclasses.replace(d, attempt=2) for d in again]
+    within = observations(cfg, entries=entries, deliveries=ok + retried[:3], step_runs=[kill])
+    assert check(within) == []  # 3 <= 1 kill x (2 + 1)
+    over = observations(cfg, entries=entries, deliveries=ok + retried, step_runs=[kill])
     assert rules(over) == ["repeats"]
 
 
