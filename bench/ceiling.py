@@ -5,7 +5,7 @@ untouched (key, value, timestamp, headers) to the same partition number of
 the clean topic: `getmany`, then per partition `create_batch`/`append`/
 `send_batch`, wait for the acknowledgements, commit. No id, no vote, no new
 header, no pipelining: the most any aiokafka-based gateway can do with the same
-broker and machine (ENVIRONMENT.md, "The client ceiling"). It is built from
+broker and machine. It is built from
 the gateway's own client options (`gateway.kafka.clients`) and counts into the same
 `Metrics`, so the benchmark measures it exactly like a gateway.
 

@@ -3,7 +3,8 @@
 Every fault class appears once, in a seeded order, then weighted random faults
 follow until the schedule is about `duration_s` long. Under the `guaranteed`
 profile every Redis fault hits the same member, so no id can lose a majority of
-its marks (the README's "one of 3 instances down, hung, or restarted empty");
+its marks (docs/guarantees.md, the row "One of 3 Redis members down, hung, or
+restarted empty");
 under `beyond` any member may fail. In some runs (`cluster`) member 0 is a
 Redis Cluster of 3 masters with a replica each: its Redis faults hit one of
 its masters (a kill longer than the cluster's node timeout fails it over to

@@ -16,7 +16,7 @@ Two protocol versions aiokafka lacks close that, the way Kafka's Java client doe
   ended, so it never reads from an offset a zombie's commit then moves past.
 
 Both need Kafka 2.5 or later. aiokafka is pinned to 0.14.x: the protocol classes it
-is extended with here are private, and tests/integration/test_transactions.py runs
+is extended with here are private, and tests/integration/test_exactly_once.py runs
 both against Apache Kafka.
 """
 

@@ -16,8 +16,9 @@ a higher lane still presses.
 Lag of a partition: for this gateway's own, the fetch-response high watermark
 (or the end offset, whichever is higher) minus the position; for the others,
 the end offset (ListOffsets) minus the group's committed offset, refreshed
-every LAG_EVERY_S. Exact on Apache Kafka; the test broker's ListOffsets
-undercounts by up to one produce batch per partition (ENVIRONMENT.md).
+every LAG_EVERY_S. Until the first read, only the top lanes run (a group join
+can finish before it). On a raw topic with transactions the end offset is the
+last stable offset (the consumers read `read_committed`).
 
 Dedup is across lanes (one quorum): of two copies, the one voted first wins,
 normally the higher lane's.
