@@ -36,7 +36,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,12 @@ class ThroughputRun:
     transactions: int = 0
     transactions_aborted: int = 0
     committed_ids_once: bool | None = None
+    transaction_open_s: float = 0.0  # summed over them: begun to committed
+    transaction_closing_s: float = 0.0  # of it: last copy acknowledged to committed
+    # In-process gateways without transactions: the raw loop's offset commits, and the
+    # time they took (summed).
+    offset_commits: int = 0
+    offset_commit_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -270,8 +276,10 @@ async def until(
 
 class TransactionWatch:
     """A running gateway's raw-loop transactions (`[kafka] exactly_once` on), watched:
-    how many committed and aborted, whether one is open, and `on_end(committed)` called
-    as each ends. Installed on the gateway's `Transactions` once its raw loop exists."""
+    how many committed and aborted, whether one is open, how long they were open (and
+    of that, from the batch's last acknowledged copy to the end: the offsets sent to the
+    transaction and EndTxn), and `on_end(committed)` called as each ends. Installed on
+    the gateway's `Transactions` once its raw loop exists."""
 
     def __init__(self, gateway: Gateway, on_end: Callable[[bool], None] | None = None) -> None:
         source = gateway.source
@@ -281,25 +289,68 @@ class TransactionWatch:
         self.open = False
         self.commits = 0
         self.aborts = 0
+        self.open_s = 0.0  # summed over the transactions: begun to ended
+        self.closing_s = 0.0  # of it, the step's end (copies acknowledged) to the end
         run = transactions.run
 
-        async def watched(*args: Any, **kwargs: Any) -> dict[TopicPartition, int]:
+        async def watched(
+            step: Awaitable[dict[TopicPartition, int]], *args: Any, **kwargs: Any
+        ) -> dict[TopicPartition, int]:
             self.open = True
+            began = time.perf_counter()
+            acked: float | None = None
+
+            async def timed() -> dict[TopicPartition, int]:
+                nonlocal acked
+                offsets = await step
+                acked = time.perf_counter()
+                return offsets
+
             try:
-                offsets = await run(*args, **kwargs)
+                offsets = await run(timed(), *args, **kwargs)
             except BaseException:
+                if asyncio.iscoroutine(step):
+                    step.close()  # never started when the transaction could not begin
                 self.aborts += 1
                 if on_end is not None:
                     on_end(False)
                 raise
             finally:
                 self.open = False
+                ended = time.perf_counter()
+                self.open_s += ended - began
+                self.closing_s += ended - acked if acked is not None else 0.0
             self.commits += 1
             if on_end is not None:
                 on_end(True)
             return offsets
 
         transactions.run = watched  # type: ignore[method-assign]
+
+
+class CommitWatch:
+    """A running gateway's raw-loop offset commits (`[kafka] exactly_once` off): how
+    many, and how long they took (each after its batch's copies were acknowledged, as a
+    transaction's closing is: the at-least-once counterpart of
+    `TransactionWatch.closing_s`)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        if gateway.source is None:
+            raise RuntimeError("the gateway's raw loop has not started")
+        checkpoint = gateway.source.checkpoint
+        self.commits = 0
+        self.commit_s = 0.0
+        commit = checkpoint.commit
+
+        async def watched(offsets: dict[TopicPartition, int]) -> None:
+            began = time.perf_counter()
+            try:
+                await commit(offsets)
+            finally:
+                self.commits += 1
+                self.commit_s += time.perf_counter() - began
+
+        checkpoint.commit = watched  # type: ignore[method-assign]
 
 
 async def watch_transactions(
@@ -409,10 +460,15 @@ async def throughput(
     before = await redis_info(urls)
     total = raw.traffic.produced
     watch: TransactionWatch | None = None
+    commit_watch: CommitWatch | None = None
     async with running(subject) as task:
         if variant.exactly_once:
             assert isinstance(subject, Gateway)
             watch = await watch_transactions(task, subject)
+        elif isinstance(subject, Gateway):
+            gateway = subject
+            await until(task, lambda: gateway.source is not None)
+            commit_watch = CommitWatch(gateway)
         # The clock starts when the first batch is in hand: the group join is not timed.
         await until(task, lambda: counts.consumed() > 0)
         t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
@@ -464,6 +520,10 @@ async def throughput(
         ),
         transactions=watch.commits if watch is not None else 0,
         transactions_aborted=watch.aborts if watch is not None else 0,
+        transaction_open_s=watch.open_s if watch is not None else 0.0,
+        transaction_closing_s=watch.closing_s if watch is not None else 0.0,
+        offset_commits=commit_watch.commits if commit_watch is not None else 0,
+        offset_commit_s=commit_watch.commit_s if commit_watch is not None else 0.0,
         committed_ids_once=once,
     )  # fmt: skip
 

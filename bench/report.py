@@ -375,6 +375,21 @@ class Results:
                     r.records / r.transactions for r in eos if r.transactions
                 ) if any(r.transactions for r in eos) else None,
                 "aborted": sum(r.transactions_aborted for r in eos),
+                # Per transaction, ms: open (begun to committed), and of it the closing
+                # (the last copy acknowledged to committed: offsets, EndTxn); and the share
+                # of the run's wall time a transaction was open.
+                "open_ms": statistics.median(r.transaction_open_s / r.transactions * 1000
+                                             for r in eos if r.transactions)
+                if any(r.transactions for r in eos) else None,
+                "closing_ms": statistics.median(r.transaction_closing_s / r.transactions * 1000
+                                                for r in eos if r.transactions)
+                if any(r.transactions for r in eos) else None,
+                "open_share": statistics.median(r.transaction_open_s / r.seconds for r in eos),
+                # gateway-3's counterpart of closing_ms: its offset commit, after the
+                # batch's copies were acknowledged.
+                "base_commit_ms": statistics.median(r.offset_commit_s / r.offset_commits * 1000
+                                                    for r in base if r.offset_commits)
+                if any(r.offset_commits for r in base) else None,
                 "committed_ids_once": all(r.committed_ids_once for r in eos),
             })  # fmt: skip
         return rows
@@ -670,7 +685,11 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
                 + ", ".join(f"{n} {v:,.0f}" for n, v in e["rates"].items())
                 + f"; {e['transactions']:,.0f} transactions per run, "
                 + f"{_fmt(e['records_per_transaction'], 0)} records each, "
-                + f"{e['aborted']} aborted; CPU "
+                + f"{e['aborted']} aborted; one open {_fmt(e['open_ms'], 1)} ms, of it "
+                + f"{_fmt(e['closing_ms'], 1)} ms from its last acknowledged copy to its commit "
+                + f"(offsets, EndTxn; {AT_LEAST_ONCE}'s offset commit after its copies' "
+                + f"acknowledgement: {_fmt(e['base_commit_ms'], 1)} ms); a transaction open "
+                + f"{e['open_share']:.0%} of the run; CPU "
                 + ", ".join(cpu)
                 + "; each id once to a read_committed reader: "
                 + ("yes" if e["committed_ids_once"] else "**no**")
