@@ -38,6 +38,8 @@ TESTS = REPO / "tests"
 RUN_ELSEWHERE = {
     "kubectl": "tests/ops/test_kubernetes.py renders the kustomizations",
     "helm": "tests/ops/test_helm.py lints and renders the chart",
+    ".venv/bin/python": "python -m build: tests/ops/test_release.py builds the package",
+    ".venv/bin/twine": "tests/ops/test_release.py runs twine check --strict",
     "spark-submit": "tests/ops/test_spark_pack.py submits with the documented options",
     "docker": "not run here (no Docker engine); tests/ops/test_dockerfiles.py and "
     "tests/ops/test_manifests.py check the files it reads",
