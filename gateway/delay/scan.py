@@ -62,9 +62,9 @@ async def find_waiting(
     tiers = Tiers(settings)
     # Names the group to read its commits; only assigns, so it never joins it.
     consumer = build_consumer(kafka, f"{kafka.group_id}.delay")
-    await consumer.start()
     scan = Scan([], 0, True)
     try:
+        await consumer.start()  # in the try: a start that fails is closed too
         # Left-over tiers too (gateway/delay/leftovers.py): the delay loop drains them.
         leftover = await leftover_tiers(consumer, settings, await consumer.topics())
         tier_of_topic = {t: (tiers.labels[i], tiers.ms[i]) for t, i in tiers.by_topic.items()}

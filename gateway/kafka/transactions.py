@@ -31,6 +31,7 @@ from typing import Any
 import aiokafka.consumer.consumer
 import aiokafka.errors as Errors
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.client import AIOKafkaClient
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError
 from aiokafka.producer.sender import CoordinationType, TxnOffsetCommitHandler
@@ -364,10 +365,10 @@ def install_stable_offset_fetch() -> None:
 INIT_PRODUCER_ID, TXN_OFFSET_COMMIT, OFFSET_FETCH = 22, 28, 9
 
 
-async def transactions_unsupported(producer: AIOKafkaProducer) -> str | None:
+async def transactions_unsupported(client: AIOKafkaClient) -> str | None:
     """Why the broker cannot give exactly-once output, or None when it can: it must
-    know transactions (InitProducerId), TxnOffsetCommit v3 and OffsetFetch v7."""
-    client = producer.client
+    know transactions (InitProducerId), TxnOffsetCommit v3 and OffsetFetch v7.
+    `client`: a started client's (a producer's `client`, an admin's `_client`)."""
     brokers = sorted(broker.nodeId for broker in client.cluster.brokers())
     if not brokers:
         return "no broker in the cluster metadata"

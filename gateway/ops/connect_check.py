@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -35,6 +36,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 from gateway.config import Settings
 from gateway.delay.leftovers import read_clean_topics, tier_of, unnamed_tiers
 from gateway.errors import BrokerUnreachable
+from gateway.kafka.transactions import transactions_unsupported
 from gateway.member_urls import member_name
 from gateway.ops.broker import reaching_broker
 from gateway.ops.topics import TopicSpec, admin_client, existing_topics, needed_topics
@@ -282,10 +284,24 @@ async def _check_kafka(settings: Settings, timeout_s: float) -> list[Finding]:
 
 
 async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:
-    findings = await topic_findings(admin, settings)
+    findings = [await _exactly_once_finding(admin, settings)]
+    findings += await topic_findings(admin, settings)
     findings += await _leftover_findings(admin, settings)
     findings += await _group_findings(admin, settings)
     return findings
+
+
+async def _exactly_once_finding(admin: AIOKafkaAdminClient, settings: Settings) -> Finding:
+    """Whether `[kafka] exactly_once` will be on with this broker."""
+    mode, where = settings.kafka.exactly_once, "kafka.exactly_once"
+    if mode == "off":
+        return ok(where, "off: at-least-once output (a crash may forward a batch again)")
+    why = await transactions_unsupported(admin._client)
+    if why is None:
+        return ok(where, f"{mode}: the broker supports transactions; exactly-once output")
+    if mode == "on":
+        return error(where, f'"on", but {why}: the gateway would not start')
+    return warn(where, f"auto: {why}; the gateway runs at-least-once")
 
 
 async def topic_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:
@@ -426,12 +442,35 @@ async def _topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[s
     return out
 
 
+GROUP_COORDINATOR_WAIT_S = 10.0
+# COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR: ask again.
+COORDINATOR_MOVING = frozenset({14, 15, 16})
+
+
+async def _described(admin: AIOKafkaAdminClient, group: str) -> list[Any]:
+    """DescribeGroups of `group`, asked again while the broker answers a retriable
+    error: a broker no group ever used creates its offsets topic on the first
+    question, and answers "coordinator not available" until it exists."""
+    deadline = time.monotonic() + GROUP_COORDINATOR_WAIT_S
+    while True:
+        try:
+            described: list[Any] = await admin.describe_consumer_groups([group])
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() > deadline:
+                raise
+        else:
+            codes = {entry[0] for response in described for entry in response.groups}
+            if not codes & COORDINATOR_MOVING or time.monotonic() > deadline:
+                return described
+        await asyncio.sleep(0.2)
+
+
 async def _group_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:
     group = settings.kafka.group_id
     groups = [group, f"{group}.failures"] + ([f"{group}.delay"] if settings.delay.enabled else [])
     findings = []
     # One group per request: a few requests, and answers a broker cannot mix up.
-    responses = [r for g in groups for r in await admin.describe_consumer_groups([g])]
+    responses = [r for g in groups for r in await _described(admin, g)]
     for response in responses:
         for code, name, state, *_ in response.groups:
             if code:

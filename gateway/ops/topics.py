@@ -11,7 +11,9 @@ whatever they hold.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 
@@ -217,4 +219,20 @@ async def create_missing(
         # 36: TOPIC_ALREADY_EXISTS (created meanwhile, e.g. by another run): fine.
         error = None if code in (0, 36) else f"error {code}: {message or ''}".strip()
         results.append(Created(topic, error))
+    await _until_listed(admin, [r.name for r in results if r.error is None])
     return results
+
+
+VISIBLE_WITHIN_S = 10.0
+
+
+async def _until_listed(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """Return once the broker lists `names` (bounded): CreateTopics answers when the
+    controller has them, and a `check-config --connect` or `run` right after would
+    otherwise find them missing for a moment."""
+    deadline = time.monotonic() + VISIBLE_WITHIN_S
+    while names and time.monotonic() < deadline:
+        listed = set(await admin.list_topics())
+        if all(name in listed for name in names):
+            return
+        await asyncio.sleep(0.05)

@@ -224,7 +224,7 @@ class Gateway:
         kafka = self.settings.kafka
         if kafka.exactly_once == "off":
             return False
-        if (why := await transactions_unsupported(producer)) is not None:
+        if (why := await transactions_unsupported(producer.client)) is not None:
             if kafka.exactly_once == "on":
                 raise ConfigError(f'kafka.exactly_once: {why}; set it to "auto" or "off"')
             logger.warning("exactly_once = auto: at-least-once output, %s", why)

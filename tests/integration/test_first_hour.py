@@ -126,6 +126,11 @@ async def _retention(broker: str, topic: str) -> dict[str, str]:
     admin = AIOKafkaAdminClient(bootstrap_servers=broker)
     await admin.start()
     try:
+        # Created by the controller, known to the broker a moment later.
+        for _ in range(100):
+            if topic in (configs := await _topic_configs(admin, [topic])):
+                return configs[topic]
+            await asyncio.sleep(0.05)
         return (await _topic_configs(admin, [topic]))[topic]
     finally:
         await admin.close()
@@ -151,6 +156,10 @@ def test_connect_check_passes_when_everything_is_reached_and_fits(ready, capsys)
     assert lines and all(line.startswith("OK") for line in lines), out
     assert sum("may run the" in line for line in lines) == 3
     assert "OK    kafka: 7 of 7 topics exist" in lines
+    assert (
+        "OK    kafka.exactly_once: auto: the broker supports transactions; exactly-once output"
+        in lines
+    )
 
 
 def test_connect_check_names_a_missing_topic(broker, names, tmp_path, redis_servers, capsys):

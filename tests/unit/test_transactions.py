@@ -26,7 +26,7 @@ def producer_with(versions: dict[int, tuple[int, int]]) -> Any:
 
 
 async def test_a_kafka_4_broker_supports_exactly_once() -> None:
-    assert await transactions_unsupported(producer_with(KAFKA_4)) is None
+    assert await transactions_unsupported(producer_with(KAFKA_4).client) is None
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ async def test_a_kafka_4_broker_supports_exactly_once() -> None:
     ],
 )
 async def test_a_broker_without_what_it_needs_is_named(versions, lacks) -> None:
-    why = await transactions_unsupported(producer_with(versions))
+    why = await transactions_unsupported(producer_with(versions).client)
     assert why is not None and lacks in why
 
 
