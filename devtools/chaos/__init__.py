@@ -16,9 +16,10 @@ guarantee is one rule:
 - `quarantine`: every unusable record is on the quarantine topic with its
   coordinates (one `dedup-source`) and reason (`dedup-error`), usable ones never;
 - `twice`: no id is processed successfully twice;
-- `repeats`: a token already processed is never delivered again on its first
-  attempt (the gateways run `exactly_once` on; the stand-in reads `read_committed`);
-  repeated retries (the failure loop is at-least-once) stay within
+- `repeats`: a record the raw path forwarded straight to the clean topic is never
+  delivered again (the gateways run `exactly_once` on; the stand-in reads
+  `read_committed`); repeated retries (the failure loop is at-least-once) and
+  delayed deliveries moved out of their tier's offset order stay within
   `max_batch_records` per raw partition per gateway kill;
 - `dead-letter`: only ids that always fail are dead-lettered, at `max_attempts`;
 - `command-invalid`: a command the job sent for a record it failed is never

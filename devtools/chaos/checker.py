@@ -358,33 +358,37 @@ def crash_events(obs: Observations) -> int:
 
 def _repeats(obs: Observations) -> Iterator[Violation]:
     """Deliveries of a token already processed. The gateways run with `exactly_once`
-    on and the stand-in reads `read_committed`: a first attempt (the raw path, the
-    delay loop) is never repeated. A retry (attempt 2 and on) comes from the failure
-    loop, which is at-least-once: its repeats stay within the crash window,
-    max_batch_records per raw partition per event."""
+    on and the stand-in reads `read_committed`: a record the raw path forwarded
+    straight to the clean topic is never delivered again. What may repeat stays
+    within the crash window, max_batch_records per raw partition per event: retries
+    (the failure loop is at-least-once) and records that went through the delay
+    tiers (a move ahead of an earlier record still waiting in its tier partition is
+    committed with that partition's offset behind it, and moved again after a
+    restart; with coalescing switched off, a window's emitted version too)."""
     config = obs.config
     events = crash_events(obs)
     bound = events * (config.max_batch_records + 1)
+    repeats: dict[int, list[Delivery]] = defaultdict(list)
     for d in obs.deliveries:
-        if d.outcome == "repeat" and d.attempt < 2:
+        if d.outcome != "repeat":
+            continue
+        if d.attempt < 2 and d.deliver_at is None and d.window is None:
             yield Violation(
                 "repeats",
                 f"id {readable(d.message_id)!r} (raw {d.source[0]}/{d.source[1]}, attempt "
-                f"{d.attempt}) delivered again under token {d.token} at t={d.at:.1f}s, "
-                f"exactly_once on {step_context(obs.step_runs, d.at)}",
+                f"{d.attempt}, forwarded straight) delivered again under token {d.token} at "
+                f"t={d.at:.1f}s, exactly_once on {step_context(obs.step_runs, d.at)}",
             )
-    repeats: dict[int, list[Delivery]] = defaultdict(list)
-    for d in obs.deliveries:
-        if d.outcome == "repeat" and d.attempt >= 2:
+        else:
             repeats[d.source[0]].append(d)
     for partition, found in sorted(repeats.items()):
         if len(found) > bound:
             yield Violation(
                 "repeats",
-                f"raw partition {partition}: {len(found)} repeated retries (a dedup-token "
-                f"seen before), bound {bound} = {events} kills or session-long stops x "
-                f"(max_batch_records {config.max_batch_records} + 1); first at "
-                f"t={found[0].at:.1f}s {step_context(obs.step_runs, found[0].at)}",
+                f"raw partition {partition}: {len(found)} repeated retries or delayed "
+                f"deliveries (a dedup-token seen before), bound {bound} = {events} kills or "
+                f"session-long stops x (max_batch_records {config.max_batch_records} + 1); "
+                f"first at t={found[0].at:.1f}s {step_context(obs.step_runs, found[0].at)}",
             )
 
 

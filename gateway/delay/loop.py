@@ -30,10 +30,12 @@ first waits is a duplicate, and the record that waits is the first one.
   every record before it was moved and the broker acknowledged the move. A
   crash (or a restart) replays the uncommitted tier records. With `[kafka]
   exactly_once` on, a step's moves and its tier offsets are one transaction
-  (gateway/kafka/exactly_once.py): a replayed move's first copy was aborted, and a
-  `read_committed` reader sees it once; off, a replayed move carries the same
-  `dedup-id`, `dedup-source` and `dedup-token` as the first one, which the Spark
-  job drops.
+  (gateway/kafka/exactly_once.py): a step killed before its commit was aborted, and a
+  `read_committed` reader sees its moves once. The offset committed is the first not
+  yet moved, so a record moved ahead of an earlier one still held is moved again
+  after a restart; such a replayed move (and every one with `exactly_once` off)
+  carries the same `dedup-id`, `dedup-source` and `dedup-token` as the first, which
+  the Spark job drops.
 - **Never early**: a record goes to the clean topic only once its due time has
   passed on the clock of the gateway that moves it.
 

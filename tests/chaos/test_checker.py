@@ -174,9 +174,9 @@ def test_an_id_processed_successfully_twice_fails_unless_beyond_the_guarantees()
     assert [(v.rule, v.tolerated) for v in beyond] == [("twice", True)]
 
 
-def test_a_first_attempt_is_never_repeated_and_repeated_retries_are_bounded_by_the_kills():
-    """exactly_once on: the raw and delay paths repeat nothing; the failure loop's
-    retries (attempt 2 and on) may repeat within the crash window."""
+def test_a_straight_forward_is_never_repeated_and_retries_and_delays_are_bounded_by_the_kills():
+    """exactly_once on: what the raw path forwarded straight never repeats; retries
+    (attempt 2 and on) and delayed deliveries may, within the crash window."""
     cfg = config(max_batch_records=2)
     good = ids_with_fate(cfg, "ok", 4)
     entries = [entry(0, i, m) for i, m in enumerate(good)]
@@ -188,6 +188,10 @@ def test_a_first_attempt_is_never_repeated_and_repeated_retries_are_bounded_by_t
     retried = [dataclasses.replace(d, attempt=2) for d in again]
     within = observations(cfg, entries=entries, deliveries=ok + retried[:3], step_runs=[kill])
     assert check(within) == []  # 3 <= 1 kill x (2 + 1)
+    delayed = [dataclasses.replace(d, deliver_at=1) for d in again[:3]]
+    assert (
+        check(observations(cfg, entries=entries, deliveries=ok + delayed, step_runs=[kill])) == []
+    )
     over = observations(cfg, entries=entries, deliveries=ok + retried, step_runs=[kill])
     assert rules(over) == ["repeats"]
 
