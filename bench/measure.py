@@ -111,8 +111,11 @@ class ThroughputRun:
     committed_ids_once: bool | None = None
     transaction_open_s: float = 0.0  # summed over them: begun to committed
     transaction_closing_s: float = 0.0  # of it: last copy acknowledged to committed
-    # In-process gateways without transactions: the raw loop's offset commits, and the
-    # time they took (summed).
+    # In-process gateways: the raw batches forwarded (copies sent to acknowledged) and
+    # the time that took, summed; without transactions the raw loop's offset commits and
+    # their time, summed.
+    forwards: int = 0
+    forward_s: float = 0.0
     offset_commits: int = 0
     offset_commit_s: float = 0.0
 
@@ -328,19 +331,33 @@ class TransactionWatch:
         transactions.run = watched  # type: ignore[method-assign]
 
 
-class CommitWatch:
-    """A running gateway's raw-loop offset commits (`[kafka] exactly_once` off): how
-    many, and how long they took (each after its batch's copies were acknowledged, as a
-    transaction's closing is: the at-least-once counterpart of
-    `TransactionWatch.closing_s`)."""
+class BatchWatch:
+    """A running gateway's raw batches after their vote: how long forwarding each took
+    (`Pipeline.finish`: its copies sent until the broker acknowledged them; inside the
+    transaction with exactly_once on), and without transactions its offset commits and
+    their time (each after its batch's copies were acknowledged, as a transaction's
+    closing is: the at-least-once counterpart of `TransactionWatch.closing_s`)."""
 
     def __init__(self, gateway: Gateway) -> None:
         if gateway.source is None:
             raise RuntimeError("the gateway's raw loop has not started")
-        checkpoint = gateway.source.checkpoint
+        source = gateway.source
+        checkpoint = source.checkpoint
         self.commits = 0
         self.commit_s = 0.0
-        commit = checkpoint.commit
+        self.forwards = 0
+        self.forward_s = 0.0
+        commit, finish = checkpoint.commit, source.pipeline.finish
+
+        async def forwarding(decided: Any) -> dict[TopicPartition, int]:
+            began = time.perf_counter()
+            try:
+                return await finish(decided)
+            finally:
+                self.forwards += 1
+                self.forward_s += time.perf_counter() - began
+
+        source.pipeline.finish = forwarding  # type: ignore[method-assign]
 
         async def watched(offsets: dict[TopicPartition, int]) -> None:
             began = time.perf_counter()
@@ -460,15 +477,14 @@ async def throughput(
     before = await redis_info(urls)
     total = raw.traffic.produced
     watch: TransactionWatch | None = None
-    commit_watch: CommitWatch | None = None
+    batches: BatchWatch | None = None
     async with running(subject) as task:
-        if variant.exactly_once:
-            assert isinstance(subject, Gateway)
-            watch = await watch_transactions(task, subject)
-        elif isinstance(subject, Gateway):
+        if isinstance(subject, Gateway):
             gateway = subject
             await until(task, lambda: gateway.source is not None)
-            commit_watch = CommitWatch(gateway)
+            batches = BatchWatch(gateway)
+            if variant.exactly_once:
+                watch = TransactionWatch(gateway)
         # The clock starts when the first batch is in hand: the group join is not timed.
         await until(task, lambda: counts.consumed() > 0)
         t0, cpu0, broker0 = time.perf_counter(), cpu_of(), process_cpu(broker_pid)
@@ -522,8 +538,10 @@ async def throughput(
         transactions_aborted=watch.aborts if watch is not None else 0,
         transaction_open_s=watch.open_s if watch is not None else 0.0,
         transaction_closing_s=watch.closing_s if watch is not None else 0.0,
-        offset_commits=commit_watch.commits if commit_watch is not None else 0,
-        offset_commit_s=commit_watch.commit_s if commit_watch is not None else 0.0,
+        forwards=batches.forwards if batches is not None else 0,
+        forward_s=batches.forward_s if batches is not None else 0.0,
+        offset_commits=batches.commits if batches is not None else 0,
+        offset_commit_s=batches.commit_s if batches is not None else 0.0,
         committed_ids_once=once,
     )  # fmt: skip
 

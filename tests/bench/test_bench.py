@@ -110,12 +110,15 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
             assert r["committed_ids_once"] is True, r
         else:
             assert r["transactions"] == 0 and r["committed_ids_once"] is None, r
-        if r["variant"] == "gateway-3":  # its offset commits, timed
+        if r["variant"] == "gateway-3":  # its batches forwarded and offsets committed, timed
             assert r["offset_commits"] > 0 and r["offset_commit_s"] > 0, r
+        if r["variant"] in ("gateway-3", "gateway-3-eos", "forwarder"):
+            assert r["forwards"] > 0 and r["forward_s"] > 0, r
     assert [e["share"] for e in written["exactly_once"]] == [0.0, 0.5]
     for e in written["exactly_once"]:
         assert e["ratio"] > 0 and e["committed_ids_once"], e
-        assert e["open_ms"] >= e["closing_ms"] > 0 and e["base_commit_ms"] > 0, e
+        assert e["open_ms"] >= e["forward_ms"] + e["closing_ms"] > 0, e
+        assert e["base_commit_ms"] > 0 and e["base_forward_ms"] > 0, e
     (eos,) = [t for t in written["targets"] if t["target"] == "gateway-3-eos / gateway-3"]
     assert eos["goal"] == ">= 0.8" and eos["measured"] > 0 and eos["cores_allow"] > 0
     eos_latency = [t for t in written["targets"] if t["target"].startswith("gateway-3-eos p99")]
