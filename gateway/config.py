@@ -433,12 +433,11 @@ def check_topic_configs(config: dict[str, TopicConfigValue]) -> dict[str, TopicC
     return config
 
 
-class TopicsSettings(_Section):
+class TopicsSettings(TopicRoleSettings):
     """`[topics]`: the topic configs `dedup-gateway topics --create` creates topics with
-    (gateway/ops/topics.py); a topic that exists is never changed."""
+    (gateway/ops/topics.py); a topic that exists is never changed. Its own `config`:
+    every topic's, over the gateway's own (retention.ms, cleanup.policy)."""
 
-    # Every topic's configs, over the gateway's own (retention.ms, cleanup.policy).
-    config: dict[str, TopicConfigValue] = Field(default_factory=dict)
     # Per role, over `config`: `[topics.clean] config = {"min.insync.replicas" = 2}`.
     raw: TopicRoleSettings = TopicRoleSettings()
     clean: TopicRoleSettings = TopicRoleSettings()
@@ -446,13 +445,6 @@ class TopicsSettings(_Section):
     failure: TopicRoleSettings = TopicRoleSettings()
     quarantine: TopicRoleSettings = TopicRoleSettings()
     dead_letter: TopicRoleSettings = TopicRoleSettings()
-
-    @field_validator("config")
-    @classmethod
-    def _kafka_topic_configs(
-        cls, config: dict[str, TopicConfigValue]
-    ) -> dict[str, TopicConfigValue]:
-        return check_topic_configs(config)
 
     def configs_for(self, role: str) -> dict[str, str]:
         """The configs set on a topic of `role` ("dead-letter" or "dead_letter"), as text."""

@@ -78,6 +78,15 @@ class UnstableOffsetCommitError(Errors.KafkaError):  # type: ignore[misc]
     retriable = True
 
 
+def _topics(*partition: tuple[str, Any]) -> CompactArray:
+    """A flexible version's topics array: name, partitions of `partition`'s fields."""
+    return CompactArray(
+        ("name", CompactString("utf-8")),
+        ("partitions", CompactArray(*partition, ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )
+
+
 # --- TxnOffsetCommit v3 -------------------------------------------------------------
 
 
@@ -86,19 +95,7 @@ class TxnOffsetCommitResponse_v3(Response):  # type: ignore[misc]
     API_VERSION = 3
     SCHEMA = Schema(
         ("throttle_time_ms", Int32),
-        (
-            "topics",
-            CompactArray(
-                ("name", CompactString("utf-8")),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("partition_index", Int32), ("error_code", Int16), ("tags", TaggedFields)
-                    ),
-                ),
-                ("tags", TaggedFields),
-            ),
-        ),
+        ("topics", _topics(("partition_index", Int32), ("error_code", Int16))),
         ("tags", TaggedFields),
     )
 
@@ -118,19 +115,11 @@ class TxnOffsetCommitRequest_v3(RequestStruct):  # type: ignore[misc]
         ("group_instance_id", CompactString("utf-8")),  # None: null
         (
             "topics",
-            CompactArray(
-                ("name", CompactString("utf-8")),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("partition_index", Int32),
-                        ("committed_offset", Int64),
-                        ("committed_leader_epoch", Int32),
-                        ("committed_metadata", CompactString("utf-8")),
-                        ("tags", TaggedFields),
-                    ),
-                ),
-                ("tags", TaggedFields),
+            _topics(
+                ("partition_index", Int32),
+                ("committed_offset", Int64),
+                ("committed_leader_epoch", Int32),
+                ("committed_metadata", CompactString("utf-8")),
             ),
         ),
         ("tags", TaggedFields),
@@ -253,20 +242,12 @@ class OffsetFetchResponse_v7(Response):  # type: ignore[misc]
         ("throttle_time_ms", Int32),
         (
             "topics",
-            CompactArray(
-                ("name", CompactString("utf-8")),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("partition_index", Int32),
-                        ("committed_offset", Int64),
-                        ("committed_leader_epoch", Int32),
-                        ("metadata", CompactString("utf-8")),
-                        ("error_code", Int16),
-                        ("tags", TaggedFields),
-                    ),
-                ),
-                ("tags", TaggedFields),
+            _topics(
+                ("partition_index", Int32),
+                ("committed_offset", Int64),
+                ("committed_leader_epoch", Int32),
+                ("metadata", CompactString("utf-8")),
+                ("error_code", Int16),
             ),
         ),
         ("error_code", Int16),
