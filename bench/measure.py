@@ -111,6 +111,7 @@ class ThroughputRun:
     committed_ids_once: bool | None = None
     transaction_open_s: float = 0.0  # summed over them: begun to committed
     transaction_closing_s: float = 0.0  # of it: last copy acknowledged to committed
+    transaction_begin_s: float = 0.0  # of it: in the producer's begin_transaction
     # In-process gateways: the raw batches forwarded (copies sent to acknowledged) and
     # the time that took, summed; without transactions the raw loop's offset commits and
     # their time, summed.
@@ -293,13 +294,32 @@ class TransactionWatch:
         self.commits = 0
         self.aborts = 0
         self.open_s = 0.0  # summed over the transactions: begun to ended
+        self.begin_s = 0.0  # of it, in the producer's begin_transaction
         self.closing_s = 0.0  # of it, the step's end (copies acknowledged) to the end
         run = transactions.run
+        timed_producers: set[int] = set()
+
+        def time_begin(producer: Any) -> None:
+            """Time `producer.begin_transaction` (a renewed producer is a new object)."""
+            if id(producer) in timed_producers:
+                return
+            timed_producers.add(id(producer))
+            begin = producer.begin_transaction
+
+            async def begin_transaction() -> None:
+                started = time.perf_counter()
+                try:
+                    await begin()
+                finally:
+                    self.begin_s += time.perf_counter() - started
+
+            producer.begin_transaction = begin_transaction
 
         async def watched(
             step: Awaitable[dict[TopicPartition, int]], *args: Any, **kwargs: Any
         ) -> dict[TopicPartition, int]:
             self.open = True
+            time_begin(transactions.producer)
             began = time.perf_counter()
             acked: float | None = None
 
@@ -538,6 +558,7 @@ async def throughput(
         transactions_aborted=watch.aborts if watch is not None else 0,
         transaction_open_s=watch.open_s if watch is not None else 0.0,
         transaction_closing_s=watch.closing_s if watch is not None else 0.0,
+        transaction_begin_s=watch.begin_s if watch is not None else 0.0,
         forwards=batches.forwards if batches is not None else 0,
         forward_s=batches.forward_s if batches is not None else 0.0,
         offset_commits=batches.commits if batches is not None else 0,

@@ -390,6 +390,7 @@ class Results:
                 "base_commit_ms": _per(base, "offset_commit_s", "offset_commits"),
                 # A batch's copies sent until acknowledged (inside the transaction for eos).
                 "forward_ms": _per(eos, "forward_s", "forwards"),
+                "begin_ms": _per(eos, "transaction_begin_s", "transactions"),
                 "base_forward_ms": _per(base, "forward_s", "forwards"),
                 "committed_ids_once": all(r.committed_ids_once for r in eos),
             })  # fmt: skip
@@ -693,7 +694,8 @@ def markdown(results: Results, png: Path, md_path: Path) -> str:
                 + f"; {e['transactions']:,.0f} transactions per run, "
                 + f"{_fmt(e['records_per_transaction'], 0)} records each, "
                 + f"{e['aborted']} aborted. Per batch, ms: {EOS}'s transaction open "
-                + f"{_fmt(e['open_ms'], 1)} (copies sent to acknowledged "
+                + f"{_fmt(e['open_ms'], 1)} (begin_transaction {_fmt(e['begin_ms'], 1)}, "
+                + "copies sent to acknowledged "
                 + f"{_fmt(e['forward_ms'], 1)}, then offsets and EndTxn "
                 + f"{_fmt(e['closing_ms'], 1)}); {AT_LEAST_ONCE}'s copies sent to acknowledged "
                 + f"{_fmt(e['base_forward_ms'], 1)}, then its offset commit "

@@ -10,7 +10,10 @@ For each mode and repetition, on one local stack (Apache Kafka, three redis-serv
    `group_instance_id` (gw-a, gw-b); `dynamic`: neither has one. Both modes use the
    same `session_timeout` (`--session-timeout`) and `exactly_once` (`--exactly-once`).
 2. Once each gateway holds partitions and every partition's committed offset has
-   moved, gateway A is SIGKILLed and started again at once with the same config.
+   moved, and then `steady_s` and a random part of a heartbeat interval (a third of
+   the session timeout: where in it the kill lands decides when a dynamic member's
+   session expires) later, gateway A is SIGKILLed and started again at once with the
+   same config.
 3. Measured from the kill:
    - flow again: until the committed offset of every partition A held has passed
      where it stood at the kill (the group's offsets, polled every POLL_S; also per
@@ -34,6 +37,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -54,6 +58,7 @@ from bench.loader import produce_at_rate
 from devtools.harness import Topics, ids_of, make_settings, write_toml
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import read_topic, wait_committed
+from gateway.config import parse_duration
 from gateway.kafka.clients import partitions_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,7 +237,9 @@ async def _kill_and_restart(
             await asyncio.sleep(POLL_S)
             now = await commits.read()
             moving |= {p for p, offset in now.items() if offset > first[p]}
-        await asyncio.sleep(opts.steady_s)
+        heartbeat_s = parse_duration(opts.session_timeout).total_seconds() / 3
+        phase = random.Random(f"{mode}-{repetition}").uniform(0, heartbeat_s)
+        await asyncio.sleep(opts.steady_s + phase)
         killed = assignments(logs[0], topics.raw)[-1]
         b_since = logs[1].stat().st_size
         a_since = logs[0].stat().st_size
