@@ -45,6 +45,15 @@ bench: $(STAMP)
 spark-pack: $(STAMP)  ## dist/spark-env.tar.gz for spark-submit --archives (docs/operations.md)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/pack-spark-env.sh $(ARGS)
 
+# The Spark tests marked spark_compat on another pyspark (3.5.x with the Scala 2.12
+# connector, 4.0.x, 4.1.x), in a venv of its own under ~/.cache/dedup-gateway/venvs
+# (built once: tests/integration/spark/compat_env.py) with Spark's Kafka connector for
+# that version: make spark-compat SPARK=4.0.1 ARGS="-x"
+SPARK ?= 3.5.7
+.PHONY: spark-compat
+spark-compat: $(STAMP)  ## the Spark tests on another Spark line (docs/spark-cluster.md)
+	$(PY) -m tests.integration.spark.compat_env $(SPARK) --pytest -- $(ARGS)
+
 SEED ?= 1
 MINUTES ?= 10
 chaos-ci: $(STAMP)  ## the CI-size seeded schedules (tests/chaos/test_chaos.py)

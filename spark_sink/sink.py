@@ -60,6 +60,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyspark
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -76,9 +77,9 @@ from spark_sink.transforms import (
 
 logger = logging.getLogger(__name__)
 
-# Spark 3.5's Observation.get (a method there, a property in PySpark 4) waits for
-# metrics that an optimized-away node never sends.
-OBSERVATION_GET_WAITS = callable(getattr(Observation, "get", None))
+# Before Spark 4.1 (measured: 3.5.7, 4.0.1), Observation.get waits forever for the metrics
+# of a node the optimizer removed; 4.1 and later raise.
+OBSERVATION_GET_WAITS = tuple(int(part) for part in pyspark.__version__.split(".")[:2]) < (4, 1)
 
 MARKERS_KEPT = 100
 # Outcomes are a copy of a batch's records: keep the previous batch's for inspection only.
@@ -236,14 +237,13 @@ def _observed(observation: Observation, written: DataFrame) -> dict[str, Any] | 
     when the optimizer removed the observed node (an empty relation: Spark then has no
     metrics row).
 
-    PySpark 4 raises for a removed node; Spark 3.5 would wait for its metrics forever, so
-    there the written plan is looked at first (one optimization of it more per batch)."""
+    Spark 4.1 and later raise for a removed node; before, `get` would wait for its metrics
+    forever, so there the written plan is looked at first (one optimization of it more
+    per batch)."""
     if OBSERVATION_GET_WAITS:
         plan = written._jdf.queryExecution().optimizedPlan().toString()
         if f"CollectMetrics {observation._name}," not in plan:
             return None
-        got: Any = observation.get
-        return dict(got())
     try:
         return observation.get
     except Py4JJavaError:
