@@ -11,8 +11,8 @@
 # tests/ops/test_constraints.py), and the venv's packages are pinned by it too:
 # the `spark` extra minus pyspark, plus py4j for the image's pyspark.
 
-ARG SPARK_IMAGE=apache/spark:4.3.0-scala2.13-java17-python3-ubuntu
-ARG KAFKA_CONNECTOR=org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0
+ARG SPARK_IMAGE=apache/spark:4.2.0-scala2.13-java17-python3-ubuntu
+ARG KAFKA_CONNECTOR=org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0
 
 # --- connector: resolve the Kafka connector and its dependencies once ---------
 FROM ${SPARK_IMAGE} AS connector
