@@ -16,8 +16,10 @@ For each mode and repetition, on one local stack (Apache Kafka, three redis-serv
    same config.
 3. Measured from the kill:
    - flow again: until the committed offset of every partition A held has passed
-     where it stood at the kill (the group's offsets, polled every POLL_S; also per
-     partition);
+     where it stood when the group had assigned it again (the first assignment logged
+     by either gateway after the kill; the group's offsets, polled every POLL_S; also
+     per partition). Not where it stood at the kill: a transaction the killed process
+     had already asked to commit may complete after it (`committed_after_kill`);
    - rejoined: until A's new process logged its first assignment;
    - moved: A's partitions that gateway B was assigned after the kill, and whether
      B took part in a rebalance at all (its log's `gateway.kafka.offsets partitions
@@ -93,6 +95,9 @@ class Restart:
     per_partition_s: dict[int, float]  # kill to each one's first commit past the kill
     rejoined_s: float | None  # kill to A's new process's first assignment
     moved: list[int]  # A's partitions that B was assigned after the kill
+    # A's partitions whose committed offset moved between the kill and the first
+    # assignment after it: a transaction the killed process had asked to commit
+    committed_after_kill: list[int]
     other_rebalanced: bool  # B was assigned anew after the kill
     a_after: list[int]  # what A's new process holds at the end
     produced: int
@@ -248,8 +253,13 @@ async def _kill_and_restart(
         procs[0].wait()
         procs[0] = start_gateway(configs[0], logs[0])
         at_kill = await commits.read()  # A is gone and its successor is still starting
+        # The partitions flow again once an owner assigned after the kill commits past
+        # where they stood at that assignment: a transaction the killed process had
+        # already asked to commit may still complete after the kill (moving offsets
+        # no one reads on from), and with `require_stable` the new owner waits for it.
         per_partition: dict[int, float] = {}
         rejoined: float | None = None
+        reassigned: dict[int, int] | None = None  # the offsets at the first assignment
         while len(per_partition) < len(killed):
             elapsed = time.monotonic() - killed_at
             if elapsed > opts.timeout_s:
@@ -258,9 +268,13 @@ async def _kill_and_restart(
                 rejoined = elapsed
             now = await commits.read()
             seen = time.monotonic() - killed_at
-            for p in killed:
-                if p not in per_partition and now[p] > at_kill[p]:
-                    per_partition[p] = seen
+            if reassigned is None:
+                if rejoined is not None or assignments(logs[1], topics.raw, b_since):
+                    reassigned = now
+            else:
+                for p in killed:
+                    if p not in per_partition and now[p] > reassigned[p]:
+                        per_partition[p] = seen
             await asyncio.sleep(POLL_S)
         if rejoined is None:
             await poll_until(
@@ -269,6 +283,9 @@ async def _kill_and_restart(
                 procs, logs, opts.timeout_s,
             )  # fmt: skip
             rejoined = time.monotonic() - killed_at
+        committed_late = sorted(
+            p for p in killed if reassigned is not None and reassigned[p] > at_kill[p]
+        )
         await asyncio.sleep(1.0)  # the load goes on past the recovery
     finally:
         stop_load.set()
@@ -292,6 +309,7 @@ async def _kill_and_restart(
         flow_again_s=max(per_partition.values()) if len(per_partition) == len(killed) else None,
         per_partition_s=per_partition, rejoined_s=rejoined,
         moved=sorted({p for assigned in b_after for p in assigned} & set(killed)),
+        committed_after_kill=committed_late,
         other_rebalanced=bool(b_after), a_after=a_after[-1] if a_after else [],
         produced=produced, committed_to_end=committed_to_end, clean_copies=len(records),
         clean_ids=len(seen_ids), every_id=set(seen_ids) == produced_ids,
@@ -321,7 +339,8 @@ def line(run: Restart) -> str:
         f"{run.mode} #{run.repetition}: killed A holding {run.killed_partitions}; flow again "
         f"after {_s(run.flow_again_s)} ({per}); A rejoined after {_s(run.rejoined_s)}; "
         f"B rebalanced: {'yes' if run.other_rebalanced else 'no'}, moved to B: "
-        f"{run.moved or 'none'}; A holds {run.a_after}; {run.produced:,} produced, "
+        f"{run.moved or 'none'}; A holds {run.a_after}; committed after the kill: "
+        f"{run.committed_after_kill or 'none'}; {run.produced:,} produced, "
         f"{run.clean_copies:,} clean copies of {run.clean_ids:,} ids, each once: "
         f"{'yes' if run.each_once else 'no'}; exits {run.exit_codes}"
     )

@@ -27,6 +27,7 @@ async def test_a_kill_and_restart_per_mode_reports_its_partitions_and_loses_no_r
         assert run.flow_again_s == max(run.per_partition_s.values())
         assert run.rejoined_s is not None and run.a_after, run
         assert set(run.moved) <= set(run.killed_partitions), run
+        assert set(run.committed_after_kill) <= set(run.killed_partitions), run
         # The counts: everything produced was committed, and with exactly_once on (the
         # script's default) a read_committed reader sees each id once despite the kill.
         assert run.produced > 0 and run.committed_to_end, run
