@@ -48,7 +48,7 @@ spark-pack: $(STAMP)  ## dist/spark-env.tar.gz for spark-submit --archives (docs
 # The Spark tests marked spark_compat on another pyspark (3.5.x with the Scala 2.12
 # connector, 4.0.x, 4.1.x), in a venv of its own under ~/.cache/dedup-gateway/venvs
 # (built once: tests/integration/spark/compat_env.py) with Spark's Kafka connector for
-# that version: make spark-compat SPARK=4.0.1 ARGS="-x"
+# that version: make spark-compat SPARK=4.0.0 ARGS="-x"
 SPARK ?= 3.5.7
 .PHONY: spark-compat
 spark-compat: $(STAMP)  ## the Spark tests on another Spark line (docs/spark-cluster.md)

@@ -47,15 +47,15 @@ def skip_module_without_python_source() -> None:
 SPARK_WARNING_FILTERS = ("ignore:PySpark does not yet fully support pandas:FutureWarning",)
 
 
-# PySpark 3.5 leaves the sockets it reads results from to the garbage collector
-# (PySpark 4 closes them): under `-W error` each one is an unraisable exception.
-SPARK_3_WARNING_FILTERS = ("ignore:unclosed <socket.socket:ResourceWarning",)
+# PySpark before 4.2 (3.5.7 and 4.1.1 here) leaves the sockets it reads results from to
+# the garbage collector: under `-W error` each one is an unraisable exception.
+BEFORE_4_2_WARNING_FILTERS = ("ignore:unclosed <socket.socket:ResourceWarning",)
 
 
 def add_spark_warning_filters(config: pytest.Config) -> None:
     specs = SPARK_WARNING_FILTERS
-    if int(pyspark.__version__.split(".")[0]) < 4:
-        specs += SPARK_3_WARNING_FILTERS
+    if tuple(int(n) for n in pyspark.__version__.split(".")[:2]) < (4, 2):
+        specs += BEFORE_4_2_WARNING_FILTERS
     for spec in specs:
         config.addinivalue_line("filterwarnings", spec)
 

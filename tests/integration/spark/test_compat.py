@@ -6,7 +6,7 @@ gateway as a release command, and the gateway forwards it again. Without the
 connector, Spark 3.5 (no Python Data Source API) stops at start-up with one line
 naming `--packages`.
 
-`make spark-compat SPARK=3.5.7` (or 4.0.1) runs the tests marked spark_compat in such
+`make spark-compat SPARK=3.5.7` (or 4.0.0, 4.1.1) runs the tests marked spark_compat in such
 a venv; this module is the part `make test` runs."""
 
 from __future__ import annotations

@@ -23,7 +23,13 @@ from devtools.handlers import failing_ids
 from devtools.topics import create_topics, read_topic
 from spark_sink.config import SinkSettings, load_sink_settings
 from spark_sink.handlers import orders
-from spark_sink.job import connector_available, make_sink, run_until_idle, start_query
+from spark_sink.job import (
+    connector_available,
+    make_sink,
+    run_until_idle,
+    spark_version,
+    start_query,
+)
 from spark_sink.sink import OUTCOMES_MARKER, BatchSink, CheckpointFiles, parse_outcomes_marker
 from tests.integration.spark.session import PYTHON_SOURCE, Clean, order, produce, source_token
 
@@ -31,6 +37,13 @@ pytestmark = [pytest.mark.spark, pytest.mark.spark_compat]
 
 # "kafka": `source = "auto"`, which finds the connector; "python": the Python source.
 SOURCES = ["kafka", pytest.param("python", marks=PYTHON_SOURCE)]
+
+
+def rerun_input(rows: int) -> int:
+    """The input rows a run reports for a batch it re-ran after a crash: none on Spark 4.1,
+    whose connector fails that batch's progress report (SPARK-55271; the job then starts
+    the query again, `job.connector_progress_bug`)."""
+    return 0 if spark_version() == (4, 1) else rows
 
 
 @pytest.fixture
@@ -253,7 +266,7 @@ def test_a_rerun_batch_keeps_the_first_runs_success_though_the_handler_now_fails
     assert (crashing.sink.counts.written, crashing.sink.counts.failed) == (6, 0)
 
     report = run_until_idle(settings, spark=spark, handler=failing_ids(["o-1"], reason="now no"))
-    assert (report.input_rows, report.written, report.failed) == (6, 6, 0)
+    assert (report.input_rows, report.written, report.failed) == (rerun_input(6), 6, 0)
     assert sorted(r.dedup_id for r in output(spark, settings)) == [f"o-{n}" for n in range(6)]
     assert release_commands(broker, settings, 0) == []
 
@@ -276,7 +289,7 @@ def test_a_rerun_batch_releases_the_first_runs_failure_once_though_the_handler_n
     assert Path(settings.spark.output_path, "_pending", "batch_id=0").is_dir()
 
     report = run_until_idle(settings, spark=spark, handler=orders)
-    assert (report.input_rows, report.written, report.failed) == (6, 5, 1)
+    assert (report.input_rows, report.written, report.failed) == (rerun_input(6), 5, 1)
     assert report.releases_published == 1
     assert sorted(r.dedup_id for r in output(spark, settings)) == [
         f"o-{n}" for n in (0, 2, 3, 4, 5)

@@ -1,6 +1,6 @@
 """Which Kafka source the job runs, and how it gets Spark's connector: the jars `make
-setup` caches, `--packages` coordinates per Spark line, and the one-line stop when
-neither source can run."""
+setup` caches, `--packages` coordinates per Spark line, the one-line stop when
+neither source can run, and the restart kept for Spark 4.1's connector bug."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
+from pyspark.errors import StreamingQueryException
 
 from devtools import jars
 from gateway.config import ConfigError
@@ -134,3 +135,19 @@ def test_a_connector_of_another_spark_line_stops_start_up(spark, monkeypatch):
     monkeypatch.setattr(job, "connector_version", lambda spark: "3.4.1")
     with pytest.raises(ConfigError, match=r"connector on the classpath is 3\.4\.1"):
         job.choose_source(spark, load_sink_settings())
+
+
+def test_a_query_failing_otherwise_is_not_taken_for_the_connectors_progress_bug(spark, tmp_path):
+    """The restart after SPARK-55271 (Spark 4.1's connector) is for that failure only."""
+
+    def fails(batch: object, batch_id: int) -> None:
+        raise RuntimeError("the handler's own failure")
+
+    query = (
+        spark.readStream.format("rate").load().writeStream.foreachBatch(fails)
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    )  # fmt: skip
+    with pytest.raises(StreamingQueryException, match="the handler's own failure"):
+        query.awaitTermination()
+    query.stop()
+    assert not job.connector_progress_bug(query)
