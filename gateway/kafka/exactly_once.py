@@ -65,7 +65,7 @@ class Transactions:
         transaction aborted. Any other error aborts it and is raised as it is."""
         producer = self.producer
         try:
-            await producer.begin_transaction()
+            await producer.begin()
         except BaseException:
             if asyncio.iscoroutine(step):
                 step.close()
