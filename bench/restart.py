@@ -29,7 +29,8 @@ For each mode and repetition, on one local stack (Apache Kafka, three redis-serv
    once where exactly_once is on (the kill left no copy a committed reader sees).
 
 Prints one line per run and a summary per mode; `--json` prints the runs as JSON,
-`--out FILE` writes them there. bench/RESULTS.md, "Static membership", has results.
+`--out FILE` writes them there. Results: bench/RESULTS.md, "Static membership: a
+gateway killed and started again at once".
 """
 
 from __future__ import annotations

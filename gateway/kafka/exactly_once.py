@@ -87,8 +87,13 @@ class Transactions:
             logger.warning("%s transaction fenced (%s): reading it again", self.what, exc)
             await self._renew()
             raise StepAborted(str(exc)) from exc
-        except KafkaError as exc:  # CommitFailedError: the group moved on
+        except KafkaError as exc:  # CommitFailedError: the group moved on; a produce failed
             logger.warning("%s transaction aborted (%s): reading it again", self.what, exc)
+            if producer._txn_manager.is_fatal_error():
+                # A broker away past `transaction_timeout` aborted it and bumped our
+                # epoch: this producer can do nothing more, abort included.
+                await self._renew()
+                raise StepAborted(str(exc)) from exc
             try:
                 await producer.abort_after_error()
             except KafkaError as again:
@@ -96,7 +101,8 @@ class Transactions:
                 await self._renew()
             raise StepAborted(str(exc)) from exc
         except BaseException:
-            if producer._txn_manager.is_in_transaction():
+            txn = producer._txn_manager
+            if txn.is_in_transaction() and not txn.is_fatal_error():
                 await asyncio.shield(producer.abort_transaction())
             raise
         return offsets

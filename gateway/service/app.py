@@ -155,6 +155,9 @@ class Gateway:
                     "for it again", kafka.bootstrap_servers, exc,
                 )  # fmt: skip
                 continue
+            except BaseException:  # a bad setting: what started is stopped, then it stops us
+                await attempt.aclose()
+                raise
             stack.push_async_callback(attempt.aclose)
             return running
         return None
