@@ -476,8 +476,9 @@ async def expired_everywhere(servers, message_id: bytes, timeout_s: float = 30) 
         for server in servers:
             async with alone(server, ttl=SHORT_TTL) as quorum:
                 reply = await quorum.lookup(quorum.members[0], [mark_digest(message_id)])
-                assert reply is not None, f"{server.name} does not answer"
-                owners.append(reply[0][0])
+                # No answer within the test's 300 ms member timeout (a loaded host):
+                # asked again, as a held mark is, until the deadline.
+                owners.append(reply[0][0] if reply is not None else f"{server.name}: no answer")
         if not any(owners):
             return
         assert time.monotonic() < deadline, f"marks still held after {timeout_s}s: {owners}"
