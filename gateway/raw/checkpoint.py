@@ -11,8 +11,8 @@ offsets (gateway/kafka/transactions.py). A transaction that aborts (the group mo
 on, or the broker aborted it after `transaction_timeout`) forwarded nothing a
 `read_committed` reader sees and committed no offset: `drain` raises `StepAborted`
 (gateway/kafka/exactly_once.py), and the raw loop reads every partition again from
-its committed offset. The marks
-its records claimed name them as owners, so the replay forwards them again.
+its committed offset. The marks its records claimed name them as owners, so the
+replay forwards them again.
 """
 
 from __future__ import annotations
@@ -68,9 +68,7 @@ class Checkpoint:
             await finishing
 
     async def _commit_after(self, finish: Awaitable[dict[TopicPartition, int]]) -> None:
-        offsets = await finish
-        faults.reached("raw-acked")
-        await self.commit(offsets)
+        await self.commit(await self._acked(finish))
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Commit `offsets` for the partitions still assigned to us."""
@@ -96,6 +94,7 @@ class Checkpoint:
     async def _acked(
         finish: Awaitable[dict[TopicPartition, int]],
     ) -> dict[TopicPartition, int]:
+        """`finish`'s offsets, once its copies are acknowledged: the crash window's start."""
         offsets = await finish
         faults.reached("raw-acked")
         return offsets
