@@ -390,7 +390,7 @@ class DelayLoop:
         self.forget(assigned)
         self.guard.revoked()  # a batch fetched before this is stale
         await read_again_from_commits(self.consumer)
-        self.consumer.resume(*assigned)
+        self.consumer.resume(*(self.consumer.assignment() & assigned))  # not one revoked since
 
     async def _move(
         self,

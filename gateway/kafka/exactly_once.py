@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError, ProducerFenced
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, ProducerFenced
 
 from gateway.kafka.clients import stop_within
 from gateway.kafka.transactions import Member, TransactionalProducer
@@ -35,10 +35,18 @@ async def read_again_from_commits(consumer: AIOKafkaConsumer) -> None:
     `seek_to_committed` leaves a partition with no commit, or one at 0, where it is."""
     for tp in consumer.assignment():
         committed = await consumer.committed(tp)
-        if committed is None:
-            await consumer.seek_to_beginning(tp)
-        else:
-            consumer.seek(tp, committed)
+        # A rebalance during that await may have taken it (chaos seed 13008: the seek
+        # raised IllegalStateError and the gateway exited): its new owner reads it
+        # from the commit anyway.
+        if tp not in consumer.assignment():
+            continue
+        try:
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+        except IllegalStateError:  # revoked during seek_to_beginning's own await
+            continue
 
 
 @dataclass
