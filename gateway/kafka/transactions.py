@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.client import AIOKafkaClient
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError
-from aiokafka.producer.sender import CoordinationType, TxnOffsetCommitHandler
+from aiokafka.producer.sender import CoordinationType, EndTxnHandler, TxnOffsetCommitHandler
 from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import (
@@ -195,6 +195,45 @@ def abortable(txn: Any, exc: Exception) -> None:
     txn._transaction_waiter.set_exception(exc)
 
 
+class TransactionEndFailed(Errors.ProducerFenced):  # type: ignore[misc]
+    """EndTxn answered an error aiokafka does not expect: this producer's transaction
+    has an outcome it cannot learn, and Kafka's own client ends the producer (fatal)."""
+
+
+# The EndTxn errors aiokafka's handler acts on; any other one it raises inside the
+# producer's sender task, which then dies with a traceback.
+_END_TXN_HANDLED = (
+    Errors.NoError,
+    Errors.CoordinatorNotAvailableError,
+    Errors.NotCoordinatorError,
+    Errors.CoordinatorLoadInProgressError,
+    Errors.ConcurrentTransactions,
+    Errors.InvalidProducerEpoch,
+    Errors.InvalidTxnState,
+)
+
+
+class FencingEndTxnHandler(EndTxnHandler):  # type: ignore[misc]
+    """aiokafka's EndTxn handler; an unexpected error ends the producer as a fence does.
+
+    Kafka 4.1 answers UNKNOWN_SERVER_ERROR to an EndTxn that meets the coordinator's own
+    abort of the same transaction after `transaction_timeout` (its IllegalStateException
+    "already a pending state PREPARE_EPOCH_FENCE"; a gateway stopped for seconds gets
+    there). Whatever the broker did, the offsets committed with the transaction say where
+    to read again, so the loop renews its producer and reads from them."""
+
+    def handle_response(self, resp: Any) -> Any:
+        error_type = Errors.for_code(resp.error_code)
+        if error_type in _END_TXN_HANDLED:
+            return super().handle_response(resp)
+        logger.warning(
+            "transaction %s: EndTxn answered %s; the producer is replaced",
+            self._sender._txn_manager.transactional_id,
+            error_type.__name__,
+        )
+        raise TransactionEndFailed(f"EndTxn answered {error_type.__name__}")
+
+
 class TransactionalProducer(AIOKafkaProducer):  # type: ignore[misc]
     """An AIOKafkaProducer whose transactions commit a consumer's offsets under KIP-447."""
 
@@ -202,6 +241,7 @@ class TransactionalProducer(AIOKafkaProducer):  # type: ignore[misc]
         super().__init__(**options)
         self._member: GroupMember = lambda: (-1, "", None)  # set per transaction
         self._sender._do_txn_offset_commit = self._txn_offset_commit
+        self._sender._do_txn_commit = self._txn_commit
 
     async def send_group_offsets(
         self, offsets: dict[TopicPartition, int], group_id: str, member: Member
@@ -240,6 +280,17 @@ class TransactionalProducer(AIOKafkaProducer):  # type: ignore[misc]
             sender._txn_manager.error_transaction(exc)
             return
         await GroupTxnOffsetCommitHandler(sender, offsets, group_id, self._member).do(node_id)
+
+    async def _txn_commit(self, commit_result: bool) -> None:
+        """aiokafka's `Sender._do_txn_commit`, with `FencingEndTxnHandler`."""
+        sender = self._sender
+        await sender._message_accumulator.flush_for_commit()
+        txn = sender._txn_manager
+        if txn.is_empty_transaction():  # nothing sent: nothing to end on the broker
+            txn.complete_transaction()
+            return
+        node_id = await sender._find_coordinator(CoordinationType.TRANSACTION, txn.transactional_id)
+        await FencingEndTxnHandler(sender, commit_result).do(node_id)
 
 
 # --- OffsetFetch v7, require_stable --------------------------------------------------

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.errors import ProducerFenced
 
 from gateway.config import Settings
 from gateway.errors import ConfigError
-from gateway.kafka.transactions import transactions_unsupported
+from gateway.kafka.transactions import FencingEndTxnHandler, transactions_unsupported
 from gateway.service.app import Gateway, transactional_id
 
 KAFKA_4 = {22: (0, 5), 28: (0, 5), 9: (1, 9)}
@@ -64,3 +65,36 @@ def test_the_transactional_id_is_stable_with_a_group_instance_id_and_unique_with
     assert transactional_id(static.kafka, "delay") == "g.delay.pod-0"
     dynamic = Settings.model_validate({"kafka": {"group_id": "g"}})
     assert transactional_id(dynamic.kafka) != transactional_id(dynamic.kafka)
+
+
+def end_txn_handler() -> Any:
+    completed: list[bool] = []
+    txn = SimpleNamespace(
+        transactional_id="g.raw.0",
+        producer_id=7,
+        producer_epoch=0,
+        complete_transaction=lambda: completed.append(True),
+    )
+    sender = SimpleNamespace(_txn_manager=txn, _retry_backoff=0.1)
+    return FencingEndTxnHandler(sender, True), completed
+
+
+def test_an_end_txn_the_broker_failed_unexpectedly_ends_the_producer_as_a_fence(
+    caplog,
+) -> None:
+    # Kafka 4.1's answer to an EndTxn meeting its own timeout abort (PREPARE_EPOCH_FENCE):
+    # aiokafka raised it inside the sender task, which died with a traceback.
+    handler, completed = end_txn_handler()
+    with caplog.at_level(logging.WARNING), pytest.raises(ProducerFenced):
+        handler.handle_response(SimpleNamespace(error_code=-1))
+    assert not completed
+    assert "EndTxn answered UnknownError" in caplog.text
+    assert all(r.levelno < logging.ERROR for r in caplog.records)
+
+
+def test_an_end_txn_that_succeeds_or_is_retried_is_aiokafkas() -> None:
+    handler, completed = end_txn_handler()
+    assert handler.handle_response(SimpleNamespace(error_code=0)) is None
+    assert completed == [True]
+    # CONCURRENT_TRANSACTIONS (51): tried again after the backoff
+    assert handler.handle_response(SimpleNamespace(error_code=51)) == 0.1
