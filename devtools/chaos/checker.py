@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from devtools.chaos.schedule import (
+    BROKER_FAULTS,
     GRACE_MS,
     MAX_DELAY_S,
     WINDOW_MS,
@@ -351,7 +352,7 @@ def crash_events(obs: Observations) -> int:
     for run in obs.step_runs:
         if outlives_session(run.step, obs.config):
             events += 1
-        elif run.step.fault in (Fault.BROKER_STOP, Fault.CONFIG_CHANGE):
+        elif run.step.fault in (*BROKER_FAULTS, Fault.CONFIG_CHANGE):
             events += obs.config.gateways
     return events
 

@@ -39,7 +39,8 @@ class GatewayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.incarnations = 0
 
-    def start(self, note: str) -> None:
+    def start(self, note: str, fault: str = "") -> None:
+        """Start it; `fault`: a DEDUP_GATEWAY_FAULT for this incarnation (gateway/faults.py)."""
         self.incarnations += 1
         with self.log.open("ab") as out:
             out.write(
@@ -52,6 +53,7 @@ class GatewayProcess:
                 "PYTHONPATH": os.pathsep.join(
                     filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
                 ),
+                "DEDUP_GATEWAY_FAULT": fault,
             }
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway", "run", "--config", str(self.config)],

@@ -19,6 +19,7 @@ import io
 import random
 import re
 import signal
+import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -40,6 +41,7 @@ from devtools.chaos.checker import (
 )
 from devtools.chaos.processes import GatewayProcess, GroupOffsets, gateway_toml
 from devtools.chaos.schedule import (
+    BROKER_FAULTS,
     GATEWAY_FAULTS,
     REDIS_FAULTS,
     TTL_AFTER_S,
@@ -358,7 +360,12 @@ class Run:
         run = StepRun(step, self.clock.now())
         self.step_runs.append(run)
         self.event(f"inject {step}")
-        if fault in GATEWAY_FAULTS:
+        if fault is Fault.GATEWAY_KILL_ACKED:
+            gateway = self.gateways[step.target]
+            await asyncio.to_thread(gateway.kill)
+            gateway.start(str(step), fault=f"raw-acked:kill:{step.size}")
+            self._restore_later(run, lambda: self._restart_after_own_kill(gateway, step))
+        elif fault in GATEWAY_FAULTS:
             gateway = self.gateways[step.target]
             if fault is Fault.GATEWAY_KILL:
                 await asyncio.to_thread(gateway.kill)
@@ -381,6 +388,9 @@ class Run:
         elif fault is Fault.BROKER_STOP:
             self.broker.pause()
             self._restore_later(run, self.broker.resume)
+        elif fault is Fault.BROKER_RESTART:
+            await asyncio.to_thread(self.broker.kill)
+            self._restore_later(run, self.broker.start)
         elif fault is Fault.HOSTILE_BURST:
             await traffic.burst(step.size)
             run.ended = self.clock.now()
@@ -399,6 +409,17 @@ class Run:
         else:
             await standin.garbage(step.size)
             run.ended = self.clock.now()
+
+    def _restart_after_own_kill(self, gateway: GatewayProcess, step: Step) -> None:
+        """Once the gateway SIGKILLed itself at its fault point, start it as usual; one
+        that did not get there (no batch of its own) is killed here instead."""
+        assert gateway.proc is not None
+        try:
+            gateway.proc.wait(timeout=OWN_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.event(f"g{gateway.index} did not reach its fault point (step {step.index})")
+            gateway.kill()
+        gateway.start(f"after {step}")
 
     async def _change_config(self, step: Step) -> None:
         """Restart with the changed settings (docs/operations.md, "Changing the
@@ -777,7 +798,7 @@ def _target_name(step: Step) -> str | None:
         return f"g{step.target}"
     if step.fault in REDIS_FAULTS:
         return f"redis-{step.target}"
-    return "broker" if step.fault is Fault.BROKER_STOP else None
+    return "broker" if step.fault in BROKER_FAULTS else None
 
 
 _SKIPPED = re.compile(

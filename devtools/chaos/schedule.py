@@ -13,6 +13,7 @@ its replica).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import random
 from collections.abc import Iterable
@@ -45,6 +46,12 @@ class Fault(enum.StrEnum):
     # Member `target` hung while gateway `size` % gateways is SIGKILLed and restarted, then
     # repaired (runbook); then member `second` restarted empty and repaired.
     MEMBER_HANDOVER = "member-handover"
+    # Once per run, placed by a draw of their own (`_once_per_run`), so the seeds' other
+    # steps stay what they were before these existed:
+    BROKER_RESTART = "broker-restart"  # SIGKILL the broker mid-transaction; start it after `hold_s`
+    # Gateway `target` restarted to SIGKILL itself at its `size`-th raw batch whose copies
+    # the broker acknowledged, before the offsets commit (gateway/faults.py); restarted.
+    GATEWAY_KILL_ACKED = "gateway-kill-acked"
 
 
 WEIGHTS = {
@@ -60,11 +67,15 @@ WEIGHTS = {
     Fault.HOSTILE_COMMANDS: 1,
     Fault.CONFIG_CHANGE: 0,  # once per run
     Fault.MEMBER_HANDOVER: 0,  # once per run
+    Fault.BROKER_RESTART: 0,  # once per run, `_once_per_run`
+    Fault.GATEWAY_KILL_ACKED: 0,  # once per run, `_once_per_run`
 }
+ONCE_PER_RUN = (Fault.BROKER_RESTART, Fault.GATEWAY_KILL_ACKED)
 DELAY_FAULTS = (
     Fault.HOSTILE_TIERS, Fault.HOSTILE_COMMANDS, Fault.CONFIG_CHANGE, Fault.MEMBER_HANDOVER,
 )  # fmt: skip
-GATEWAY_FAULTS = (Fault.GATEWAY_KILL, Fault.GATEWAY_STOP)
+GATEWAY_FAULTS = (Fault.GATEWAY_KILL, Fault.GATEWAY_STOP, Fault.GATEWAY_KILL_ACKED)
+BROKER_FAULTS = (Fault.BROKER_STOP, Fault.BROKER_RESTART)
 REDIS_FAULTS = (Fault.REDIS_KILL, Fault.REDIS_STOP, Fault.REDIS_RESTART_EMPTY)
 
 HEADER_HOSTILE = (
@@ -131,11 +142,13 @@ class Step:
     pause_s: float = 0.0
 
     def __str__(self) -> str:
-        if self.fault in GATEWAY_FAULTS:
+        if self.fault is Fault.GATEWAY_KILL_ACKED:
+            what = f"g{self.target} at its acked batch {self.size}, down {self.hold_s:.1f}s"
+        elif self.fault in GATEWAY_FAULTS:
             what = f"g{self.target} for {self.hold_s:.1f}s"
         elif self.fault in REDIS_FAULTS:
             what = f"redis-{self.target}" + (f" for {self.hold_s:.1f}s" if self.hold_s else "")
-        elif self.fault is Fault.BROKER_STOP:
+        elif self.fault in BROKER_FAULTS:
             what = f"for {self.hold_s:.1f}s"
         elif self.fault is Fault.MEMBER_HANDOVER:
             what = (
@@ -263,7 +276,11 @@ def make_schedule(
         cluster=cluster,
         delay=delay,
     )
-    kinds = [f for f in Fault if f not in excluded and (delay or f not in DELAY_FAULTS)]
+    kinds = [
+        f
+        for f in Fault
+        if f not in excluded and (delay or f not in DELAY_FAULTS) and f not in ONCE_PER_RUN
+    ]
     first = kinds[:]
     rng.shuffle(first)
     if Fault.CONFIG_CHANGE in first:  # early: old copies must outlive the new ttl after it
@@ -283,7 +300,18 @@ def make_schedule(
         step = _make_step(rng, len(steps), fault, config)
         steps.append(step)
         spent += step.pause_s + _cost_s(step, config)
+    steps = _once_per_run(seed, [f for f in ONCE_PER_RUN if f not in excluded], steps, config)
     return Schedule(config, tuple(steps), duration_s)
+
+
+def _once_per_run(
+    seed: int, faults: list[Fault], steps: list[Step], config: RunConfig
+) -> list[Step]:
+    """`steps` with each of `faults` inserted once, where a draw of its own puts it."""
+    rng = random.Random(f"{seed}:once")
+    for fault in faults:
+        steps.insert(rng.randrange(len(steps) + 1), _make_step(rng, 0, fault, config))
+    return [dataclasses.replace(step, index=i) for i, step in enumerate(steps)]
 
 
 def _make_step(rng: random.Random, index: int, fault: Fault, config: RunConfig) -> Step:
@@ -307,6 +335,11 @@ def _make_step(rng: random.Random, index: int, fault: Fault, config: RunConfig) 
     if fault is Fault.BROKER_STOP:
         hold = rng.uniform(RAW_FETCH_DEADLINE_S + 1, RAW_FETCH_DEADLINE_S + 3)
         return Step(index, fault, hold_s=round(hold, 2), pause_s=pause)
+    if fault is Fault.BROKER_RESTART:  # transactions are open at any moment: one is cut
+        return Step(index, fault, hold_s=round(rng.uniform(0.5, 3.0), 2), pause_s=pause)
+    if fault is Fault.GATEWAY_KILL_ACKED:
+        gateway, batch = rng.randrange(config.gateways), rng.randint(1, 12)
+        return Step(index, fault, gateway, round(rng.uniform(0, 2.0), 2), batch, pause_s=pause)
     if fault is Fault.CONFIG_CHANGE:
         return Step(index, fault, pause_s=pause)
     if fault is Fault.MEMBER_HANDOVER:
@@ -318,8 +351,10 @@ def _make_step(rng: random.Random, index: int, fault: Fault, config: RunConfig) 
 
 def _cost_s(step: Step, config: RunConfig) -> float:
     """A rough guess of the wall time a step takes, to size a schedule."""
-    if step.fault is Fault.BROKER_STOP:
+    if step.fault in BROKER_FAULTS:
         return step.hold_s + 6
+    if step.fault is Fault.GATEWAY_KILL_ACKED:
+        return step.hold_s + config.session_timeout_s + 8
     if step.fault is Fault.GATEWAY_KILL:
         return step.hold_s + config.session_timeout_s + 3
     if step.fault is Fault.GATEWAY_STOP:
@@ -331,6 +366,6 @@ def _cost_s(step: Step, config: RunConfig) -> float:
 
 def outlives_session(step: Step, config: RunConfig) -> bool:
     """A fault after which the group moves partitions (so the crash window applies)."""
-    if step.fault in (Fault.GATEWAY_KILL, Fault.MEMBER_HANDOVER):
+    if step.fault in (Fault.GATEWAY_KILL, Fault.GATEWAY_KILL_ACKED, Fault.MEMBER_HANDOVER):
         return True
     return step.fault is Fault.GATEWAY_STOP and step.hold_s >= config.session_timeout_s

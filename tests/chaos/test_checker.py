@@ -11,7 +11,7 @@ import pytest
 from devtools.chaos import Fault, Observations, Step, check, make_schedule
 from devtools.chaos.checker import QuarantineCopy, SkippedCommand
 from devtools.chaos.runner import _SKIPPED
-from devtools.chaos.schedule import DELAY_FAULTS, GRACE_MS, KINDS, RunConfig
+from devtools.chaos.schedule import DELAY_FAULTS, GRACE_MS, KINDS, ONCE_PER_RUN, RunConfig
 from devtools.chaos.standin import DeadLetter, Delivery, fate
 from devtools.chaos.timeline import StepRun
 from devtools.chaos.traffic import RawEntry, RecordMaker, digest_of
@@ -111,6 +111,19 @@ def test_every_fault_class_appears_and_guaranteed_redis_faults_hit_one_member(se
         for s in schedule.steps
         if s.fault.value.startswith("gateway")
     )
+
+
+@pytest.mark.parametrize("seed", [7, 9101, 12001])
+def test_the_once_per_run_faults_come_once_and_leave_the_seeds_other_steps_as_they_were(seed):
+    schedule = make_schedule(seed, 120)
+    without = make_schedule(seed, 120, exclude=[f.value for f in ONCE_PER_RUN])
+    once = [s for s in schedule.steps if s.fault in ONCE_PER_RUN]
+    assert sorted(s.fault for s in once) == sorted(ONCE_PER_RUN)
+    others = [dataclasses.replace(s, index=0) for s in schedule.steps if s not in once]
+    assert others == [dataclasses.replace(s, index=0) for s in without.steps]
+    assert [s.index for s in schedule.steps] == list(range(len(schedule.steps)))
+    acked = next(s for s in once if s.fault is Fault.GATEWAY_KILL_ACKED)
+    assert 0 <= acked.target < schedule.config.gateways and acked.size >= 1
 
 
 def test_excluded_kinds_are_left_out_and_unknown_ones_refused():
