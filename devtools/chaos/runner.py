@@ -77,6 +77,7 @@ STUCK_S = 60.0  # while settling: no offset, delivery or record moved this long 
 # member's session, 20 s in the retry schedule, plus a rebalance the broker holds back)
 QUIET_S = 5.0  # settled but ids unresolved, and nothing came for this long: give up
 MAX_RESTARTS = 10  # of gateways that exited unexpectedly, per run
+OWN_KILL_WAIT_S = 30.0  # gateway-kill-acked: how long its fault point may take to come
 TIER_PARTITIONS = 3  # delay runs: partitions of each tier topic
 OLD_COPIES = 40  # delay runs: copies of ids claimed before the ttl was lowered, sent after it
 ROLLING_READY_S = 60.0  # the config change waits this long for the restarted gateways
