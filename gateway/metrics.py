@@ -125,6 +125,32 @@ class Metrics:
             ["redis"],
             registry=r,
         )
+        self.redis_behind = Gauge(
+            f"{PREFIX}_redis_behind",
+            "1 while the member kept its data but missed marks (a stopped gateway run held "
+            "them as fills, or this run dropped them): the gateways catch it up; 0 with "
+            "redis_recovering 1 means it lost its data (`dedup-gateway rebuild`)",
+            ["redis"],
+            registry=r,
+        )
+        self.catchup_marks = Counter(
+            f"{PREFIX}_catchup_marks",
+            "Marks read from the counted members to catch a member up that is behind",
+            ["redis"],
+            registry=r,
+        )
+        self.catchup_running = Gauge(
+            f"{PREFIX}_catchup_running",
+            "1 while this gateway catches the member up (it holds the member's lease)",
+            ["redis"],
+            registry=r,
+        )
+        self.catchups = Counter(
+            f"{PREFIX}_catchups",
+            "Catch-ups of a member that was behind, by result (done, failed)",
+            ["redis", "result"],
+            registry=r,
+        )
         self.redis_paused = Gauge(
             f"{PREFIX}_redis_paused",
             "1 while the member is paused by `dedup-gateway pause` (not counted)",
@@ -377,6 +403,11 @@ class Metrics:
             self.repairs_lost_at_stop.labels(member_name(node))
             self.repair_backlog.labels(member_name(node)).set(0)
             self.redis_paused.labels(member_name(node)).set(0)
+            self.redis_behind.labels(member_name(node)).set(0)
+            self.catchup_marks.labels(member_name(node))
+            self.catchup_running.labels(member_name(node)).set(0)
+            for result in ("done", "failed"):
+                self.catchups.labels(member_name(node), result)
             self.redis_groups_down.labels(member_name(node)).set(0)
 
     def handled(self) -> int:

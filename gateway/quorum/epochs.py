@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from gateway.quorum.behind import noted_by_others
+from gateway.quorum.behind import ANY_RUN, Behind, Noted, noted_by_others
 from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch
 from gateway.quorum.link import MemberLink, Trust
 from gateway.quorum.transport import Transport
@@ -40,7 +40,8 @@ class EpochRead:
     now_ms: int
     has_marks: bool
     paused: bool
-    behind: dict[str, set[str]]  # members other gateway runs noted here as behind, by run
+    behind: dict[str, list[Noted]]  # members other gateway runs noted here as behind
+    void: dict[str, int]  # of the notes about this member: run -> cut-off (a catch-up's)
 
 
 class Epochs:
@@ -53,14 +54,18 @@ class Epochs:
         majority: int,
         timeout: float,
         recovery_ms: int,
-        run_id: str,
+        behind: Behind,
+        writes: bool = True,
     ) -> None:
         self.links = links
         self._via = via
         self.majority = majority
         self.timeout = timeout
         self.recovery_ms = recovery_ms
-        self.run_id = run_id  # this gateway run's (behind.py): its own notes do not count
+        self.behind = behind  # this run's notes (behind.py): its own do not count
+        # False for an operator command's quorum: it reads epochs and writes none (no
+        # epoch given by the fresh-deployment rule, none spread nor promoted).
+        self.writes = writes
         self.read = False  # read at least once
         self.reread = False  # a script met another epoch: read them all again
 
@@ -78,18 +83,36 @@ class Epochs:
             for n, read in seen.items()
             if read.epoch is None and (state := self._state_for_missing(n, seen))
         }
+        if not self.writes:
+            # An operator command's view only: a fresh deployment's members count as
+            # trusted here, under no epoch id (a script that names one refuses); the
+            # gateways write the epochs.
+            for n, state in todo.items():
+                if state == EPOCH_TRUSTED:
+                    seen[n] = replace(seen[n], epoch=Epoch("", seen[n].now_ms, state))
+            todo = {}
         made = await asyncio.gather(
             *(self._create_epoch(self.links[n], state) for n, state in todo.items())
         )
         for n, epoch in zip(todo, made, strict=True):
             if epoch is not None:
                 seen[n] = replace(seen[n], epoch=epoch)
-        behind: dict[str, set[str]] = {}
-        for read in seen.values():
-            for name, runs in read.behind.items():
-                behind.setdefault(name, set()).update(runs)
         for n, read in seen.items():
-            await self._adopt(self.links[n], read, behind.get(self.links[n].name, set()))
+            inst = self.links[n]
+            cut_off = max(read.void.get(self.behind.run_id, -1), read.void.get(ANY_RUN, -1))
+            if cut_off >= 0:
+                self.behind.voided(inst, cut_off)
+            # Per run that noted it, whether its note is stale everywhere (its run stopped);
+            # a note a catch-up made void (written up to its cut-off) does not count.
+            runs: dict[str, bool] = {}
+            for holder in seen.values():
+                for note in holder.behind.get(inst.name, []):
+                    if note.written_ms > max(
+                        read.void.get(note.run, -1), read.void.get(ANY_RUN, -1)
+                    ):
+                        runs[note.run] = runs.get(note.run, True) and note.stale
+            inst.stale = {run for run, stale in runs.items() if stale}
+            await self._adopt(inst, read, set(runs))
 
     async def _read_member(self, inst: MemberLink, bound_s: float) -> EpochRead | None:
         """The member's epoch read; None for no answer. A cluster member's epoch is
@@ -112,16 +135,18 @@ class Epochs:
         paused = any(read.paused for read in answered)
         epoch = first.epoch
         if epoch is None and any(read.epoch is not None for read in answered):
+            if not self.writes:
+                return None
             # Group 0 lost its data (its node restarted empty) while others kept theirs.
             epoch = await self._create_epoch(inst, EPOCH_RECOVERING)
             if epoch is None:
                 return None
-        elif epoch is not None:
+        elif epoch is not None and self.writes:
             epoch = await self._spread(inst, epoch, [None if g is None else g[0] for g in reads],
                                        spread_id)  # fmt: skip
             if epoch is None:
                 return None
-        return EpochRead(epoch, first.now_ms, has_marks, paused, first.behind)
+        return EpochRead(epoch, first.now_ms, has_marks, paused, first.behind, first.void)
 
     async def _read_group(
         self, inst: MemberLink, group: int, bound_s: float
@@ -131,10 +156,13 @@ class Epochs:
         got = await self._via(inst).run_script(inst, "epoch_read", [prefix], bound_s, group)
         if got is None:
             return None
-        raw, now_ms, has_marks, paused, spread, notes = got
+        raw, now_ms, has_marks, paused, spread, notes, written, void = got
         epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
-        behind = noted_by_others(notes or [], int(now_ms), self.run_id)
-        read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused), behind)
+        behind = noted_by_others(notes or [], written or [], int(now_ms), self.behind.run_id,
+                                 self.behind.life_ms, self.behind.stale_ms)  # fmt: skip
+        voids = {_text(void[k]): int(void[k + 1]) for k in range(0, len(void or []) - 1, 2)
+                 if _text(void[k + 1]).isdigit()}  # fmt: skip
+        read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused), behind, voids)
         return read, spread.decode(errors="replace") if spread else None
 
     async def _create_epoch(self, inst: MemberLink, state: str) -> Epoch | None:
@@ -216,27 +244,30 @@ class Epochs:
         trusted = epoch is not None and (
             epoch.state == EPOCH_TRUSTED or now_ms - epoch.since_ms >= self.recovery_ms
         )
-        if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED:
+        if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED and self.writes:
             # A whole mark lifetime has passed: say so on the member, for every gateway.
             promoted = epoch.with_state(EPOCH_TRUSTED)
             if await self._via(inst).run_script(inst, "epoch_set", [epoch.raw, promoted.raw]) == 1:
                 epoch = promoted
         lost = epoch is not None and inst.known_id is not None and inst.known_id != epoch.id
         trust = Trust.UNKNOWN if epoch is None else Trust.TRUSTED if trusted else Trust.RECOVERING
-        if trust is Trust.TRUSTED and behind:
+        lacks = self.behind.lacks(inst.name)
+        if trust is Trust.TRUSTED and (behind or lacks):
             trust = Trust.RECOVERING
-            if inst.behind != behind:
+            if inst.behind != behind and behind:
                 logger.warning(
                     "Redis member %s missed marks that gateway run(s) %s held as fills and "
                     "did not send (stopped, or still sending): its answers are not counted "
-                    "until they are sent, `dedup-gateway rebuild %s`, or 2 x ttl after the "
-                    "last note", inst.name, ", ".join(sorted(behind)), inst.name,
-                    extra={"redis": inst.name},
+                    "until they are sent or a gateway caught it up (once a stopped run's note "
+                    "is stale), `dedup-gateway rebuild %s`, or 2 x ttl after the last note",
+                    inst.name, ", ".join(sorted(behind)), inst.name, extra={"redis": inst.name},
                 )  # fmt: skip
         elif trusted and inst.behind and not behind:
             logger.info("Redis member %s: no gateway run holds fills for it any more",
                         inst.name, extra={"redis": inst.name})  # fmt: skip
         inst.behind = behind
+        inst.set_behind(trust is Trust.RECOVERING and epoch is not None
+                        and epoch.state == EPOCH_TRUSTED and (bool(behind) or lacks))  # fmt: skip
         if epoch is None and trust != inst.reported:
             logger.warning(
                 "Redis member %s holds no epoch, and whether it lost its data cannot be "
@@ -257,6 +288,19 @@ class Epochs:
         if epoch is not None:
             inst.known_id = epoch.id
         inst.set_trust(trust)
+
+    def lacks(self, inst: MemberLink) -> None:
+        """This run dropped fills for `inst` (its backlog was full): it lacks marks this
+        run no longer holds, so it is not counted (here too) until caught up."""
+        if inst.trust is Trust.TRUSTED:
+            logger.warning(
+                "Redis member %s: fills for it were dropped (its repair backlog is full): "
+                "its answers are not counted until a gateway caught it up", inst.name,
+                extra={"redis": inst.name},
+            )  # fmt: skip
+            inst.reported = Trust.RECOVERING
+            inst.set_behind(True)
+            inst.set_trust(Trust.RECOVERING)
 
     def refused(self, inst: MemberLink, reply: bytes) -> bool:
         """Whether a script refused to write: another epoch ('epoch:<held>': the member
@@ -281,6 +325,10 @@ class Epochs:
         inst.epoch = None
         self.reread = True
         inst.set_trust(Trust.UNKNOWN)
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def when(epoch_ms: int) -> str:

@@ -1,12 +1,14 @@
 """The fill backlog: winners' marks to complete on a member that gave no answer.
 
 Per member, the marks of the votes it gave no answer to, bounded (the oldest
-dropped, counted), sent before the next claim to it and by the quorum's
+dropped, counted: the member is then not counted by this run until caught up,
+gateway/quorum/catchup.py), sent before the next claim to it and by the quorum's
 `watch`: a mark written on a bare majority does not stay that way.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from gateway import sizing
@@ -21,12 +23,15 @@ class Fills:
 
     def __init__(
         self, via: Callable[[MemberLink], Transport], most: int, metrics: Metrics,
-        dropped: set[str],
+        dropped: dict[str, float], on_drop: Callable[[MemberLink], None],
     ) -> None:  # fmt: skip
         self._via = via
         self.most = most  # `[redis] repair_backlog`
         self.metrics = metrics
-        self.dropped = dropped  # members that lost fills here (behind.py keeps their notes)
+        # Members that lost fills here, and when last (behind.py keeps their notes; this
+        # run counts them no more until caught up: `on_drop`).
+        self.dropped = dropped
+        self.on_drop = on_drop
 
     def queue(self, inst: MemberLink, fills: Iterable[Fill], front: bool = False) -> None:
         if front:
@@ -38,7 +43,8 @@ class Fills:
             for _ in range(dropped):
                 inst.backlog.popleft()  # the oldest first: the newest marks matter longest
             self.metrics.repairs_dropped.labels(inst.name).inc(dropped)
-            self.dropped.add(inst.name)
+            self.dropped[inst.name] = time.monotonic()
+            self.on_drop(inst)
         self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
 
     def take(self, inst: MemberLink) -> list[Fill]:

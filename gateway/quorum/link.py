@@ -76,6 +76,8 @@ class MemberLink:
     # Held by a vote's calls to this member (quorum.py, `claim`): claims reach it in order.
     claiming: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     behind: set[str] = field(default_factory=set)  # other runs that noted it behind (behind.py)
+    stale: set[str] = field(default_factory=set)  # of those, the runs that stopped
+    lagging: bool = False  # not counted only for marks it missed: a catch-up completes it
     url: MemberUrl | None = None  # a cluster member's, for `nodes`
     nodes: dict[str, aioredis.Redis] = field(default_factory=dict)  # by node name: pipelines
 
@@ -97,6 +99,10 @@ class MemberLink:
         self.trust = trust
         self.metrics.redis_recovering.labels(self.name).set(0 if self.trusted else 1)
         self.on_health()
+
+    def set_behind(self, lagging: bool) -> None:
+        self.lagging = lagging
+        self.metrics.redis_behind.labels(self.name).set(1 if lagging else 0)
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused

@@ -10,6 +10,8 @@ facade; what it keeps per member, and why, lives beside it:
 - `fills.py`: the winners' marks to complete on a member that gave no answer;
 - `behind.py`: the notes on the other members that this run holds fills for one,
   so that a gateway stop leaves it not counted instead of silently incomplete;
+- `catchup.py`: a member only behind, caught up from the counted members by the
+  gateways themselves (`copy.py`, which `rebuild` uses too);
 - `windows.py`: the coalescing windows' calls;
 - `admin.py`: what operator commands, `rebuild` and tests ask of one member.
 
@@ -35,6 +37,7 @@ from gateway.metrics import Metrics
 from gateway.quorum import scripts
 from gateway.quorum.admin import Admin
 from gateway.quorum.behind import Behind
+from gateway.quorum.catchup import CatchUp
 from gateway.quorum.epochs import Epochs
 from gateway.quorum.fills import Fills
 from gateway.quorum.keys import handover_key
@@ -54,8 +57,9 @@ class Quorum:
     """The members of `[redis] nodes` and the calls the gateway makes to them."""
 
     def __init__(
-        self, settings: RedisSettings, metrics: Metrics, transport: type[Transport] = Transport
-    ) -> None:
+        self, settings: RedisSettings, metrics: Metrics, transport: type[Transport] = Transport,
+        writes_epochs: bool = True,
+    ) -> None:  # fmt: skip
         self.metrics = metrics
         self.timeout = settings.timeout.total_seconds()
         self.ping_interval = settings.ping_interval.total_seconds()
@@ -90,13 +94,15 @@ class Quorum:
         # A mark lives at most ttl * (1 + 1/SLICES_BACK): after that long, a member
         # that lost its data has every mark it could have missed gone too.
         recovery_ms = self.ttl_ms + self.ttl_ms // scripts.SLICES_BACK
-        self.behind = Behind(self.members, self._via, self.ttl_ms, metrics)
-        self.epochs = Epochs(
-            self.members, self._via, self.majority, self.timeout, recovery_ms, self.behind.run_id
-        )
+        self.behind = Behind(self.members, self._via, self.ttl_ms, self.ping_interval,
+                             recovery_ms, metrics)  # fmt: skip
+        self.epochs = Epochs(self.members, self._via, self.majority, self.timeout, recovery_ms,
+                             self.behind, writes_epochs)  # fmt: skip
         self._standalone = transport(self.epochs.refused)
         self._cluster = ClusterTransport(self.epochs.refused)
-        self.fills = Fills(self._via, settings.repair_backlog, metrics, self.behind.dropped)
+        self.fills = Fills(self._via, settings.repair_backlog, metrics, self.behind.dropped,
+                           self.epochs.lacks)  # fmt: skip
+        self.catch_up = CatchUp(self)
         self.windows = Windows(self)
         self.admin = Admin(self)
         # The parts' calls, under the names the callers know.
@@ -130,14 +136,18 @@ class Quorum:
         paused = ", ".join(i.name for i in self.members if i.up and i.paused)
         recovering = ", ".join(
             i.name for i in self.members if i.up and not i.paused and not i.trusted
-        )
+            and not i.lagging
+        )  # fmt: skip
+        behind = ", ".join(i.name for i in self.members if i.up and not i.paused and i.lagging)
         why = f"no Redis majority ({self.majority} of {self.size}) up and trusted"
         if down:
             why += f"; down: {down}"
         if paused:
             why += f"; paused: {paused}"
         if recovering:
-            why += f"; recovering (lost their marks): {recovering}"
+            why += f"; recovering (lost their marks: `dedup-gateway rebuild`): {recovering}"
+        if behind:
+            why += f"; behind (missed some marks: the gateways catch them up): {behind}"
         return why
 
     def counted(self) -> list[bool]:
@@ -196,6 +206,8 @@ class Quorum:
         the members that answer."""
         await self.refresh_epochs()
         await asyncio.gather(*(self._drain(inst) for inst in self.members if inst.up))
+        await self.behind.note(self.behind.holding())  # a live run's notes never go stale
+        self.catch_up.start()  # a member behind: gateway/quorum/catchup.py
 
     async def _drain(self, inst: MemberLink) -> None:
         await self.fills.drain(inst)
@@ -215,8 +227,8 @@ class Quorum:
                 self.metrics.repairs_lost_at_stop.labels(inst.name).inc(lost)
                 logger.warning(
                     "stopping with %d fill(s) for Redis member %s not sent within %gs: it stays "
-                    "noted as behind (not counted by any gateway) until `dedup-gateway rebuild "
-                    "%s` or 2 x ttl", lost, inst.name, bound_s, inst.name,
+                    "noted as behind (not counted by any gateway) until a gateway caught it up "
+                    "(`dedup-gateway rebuild %s` does too)", lost, inst.name, bound_s, inst.name,
                     extra={"redis": inst.name},
                 )  # fmt: skip
 
@@ -450,5 +462,6 @@ class Quorum:
         return await inst.timed(script, call)
 
     async def close(self) -> None:
+        await self.catch_up.close()
         for inst in self.members:
             await inst.close()

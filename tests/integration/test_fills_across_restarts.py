@@ -3,7 +3,9 @@ real process: member C misses a claim (paused: `dedup-gateway pause`), the gatew
 restarts (SIGTERM, or SIGKILL) before C is resumed, A restarts empty, and a copy of the id arrives
 from another partition. Without the note that C is behind, the new gateway counts
 C (which lacks the id) and B, ties 1:1 and forwards the copy; with it, C is not
-counted until `dedup-gateway rebuild` completes it, and the copy is a duplicate."""
+counted until the gateway caught it up (gateway/quorum/catchup.py: the stopped
+run's note went stale) or `dedup-gateway rebuild` completed it, and the copy is a
+duplicate."""
 
 from __future__ import annotations
 
@@ -172,20 +174,74 @@ async def test_marks_a_paused_member_missed_are_not_lost_across_a_gateway_restar
     broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path,
     stop: signal.Signals,
 ) -> None:  # fmt: skip
+    """No operator command: the new gateway does not count C while the stopped run's
+    note stands, then catches C up from B (gateway/quorum/catchup.py) once that note
+    is stale; the copy is a duplicate and a fresh id goes through."""
     async with c_noted_behind(broker, redis_servers, names, tmp_path, stop) as scene:
         a, _, c = scene.members
         await empty(scene, a)
-        await produce(broker, scene.topics.raw, record("X"), partition=scene.copy_at)
-        # Decided (committed: today's code forwarded it) or blocked (no majority counted).
-        await decided_or_blocked(broker, scene.topics, scene.copy_at, scene.log)
-        assert await clean_ids(broker, scene.topics.clean) == {"warm-up": 1, "X": 1}
-        _, body = await readyz(scene.port)
-        assert c.name_label in body, body  # not counted: noted behind by the stopped run
-        await cli(scene.config, "rebuild", c.name_label)
+        await produce(broker, scene.topics.raw, record("X") + record("Z"), partition=scene.copy_at)
+        await caught_up(scene, c)
         await wait_committed(
-            broker, scene.topics.group, scene.topics.raw, {scene.first_at: 2, scene.copy_at: 1}
+            broker, scene.topics.group, scene.topics.raw, {scene.first_at: 2, scene.copy_at: 2}
         )
-        assert await clean_ids(broker, scene.topics.clean) == {"warm-up": 1, "X": 1}
+        assert await clean_ids(broker, scene.topics.clean) == {"warm-up": 1, "X": 1, "Z": 1}
+
+
+async def caught_up(scene: Scene, member: Any) -> None:
+    """Until the gateway logs that it caught `member` up; /readyz named it behind before."""
+    done = f"Redis member {member.name_label} caught up"
+    behind = f"behind (missed some marks: the gateways catch them up): {member.name_label}"
+    bodies: list[str] = []
+
+    def seen(_: int, body: str) -> bool:
+        bodies.append(body)
+        return done in text(scene.log)
+
+    await wait_for(f"{member.name_label} caught up", seen, scene.port, scene.log)
+    assert any(behind in body for body in bodies), bodies[:3]
+
+
+async def test_the_hidden_restart_probe_heals_without_an_operator(
+    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The issue's probe: three members; C hangs (SIGSTOP) while X is decided, the gateway
+    holding C's fill is SIGKILLed, C resumes, another member (A) restarts empty, the
+    gateway starts again. No id under two tokens, none lost, and fresh records are
+    forwarded once the gateway caught C up, with no operator command."""
+    topics = Topics(names)
+    await topics.create(broker)
+    a, b, c = redis_servers(3)
+    settings = make_settings(broker, topics, redis_urls([a, b, c]))
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    config.write_text(config.read_text().replace("[redis]\n", '[redis]\nping_interval = "200ms"\n'))
+    first_at, copy_at = sorted(range(4), key=lambda p: int(owner_token(topics.raw, p, 1)))[::-1][:2]
+    port, log = free_port(), tmp_path / "gateway.log"
+    gateway = start(config, port, log)
+    try:
+        await produce(broker, topics.raw, record("warm-up"), partition=first_at)
+        await wait_committed(broker, topics.group, topics.raw, {first_at: 1})
+        c.pause()  # hung: its claims time out, X is decided by A and B, C's fill is queued
+        try:
+            await produce(broker, topics.raw, record("X"), partition=first_at)
+            await wait_committed(broker, topics.group, topics.raw, {first_at: 2})
+            gateway.send_signal(signal.SIGKILL)
+            gateway.wait(timeout=60)
+        finally:
+            c.resume()
+        restart_empty(a)
+        gateway = start(config, port, log)
+        scene = Scene(topics, config, port, log, (a, b, c), first_at, copy_at)
+        await produce(broker, topics.raw, record("X") + record("fresh-1"), partition=copy_at)
+        await caught_up(scene, c)
+        await produce(broker, topics.raw, record("fresh-2"), partition=first_at)
+        await wait_committed(broker, topics.group, topics.raw, {first_at: 3, copy_at: 2})
+        assert await clean_ids(broker, topics.clean) == {
+            "warm-up": 1, "X": 1, "fresh-1": 1, "fresh-2": 1,
+        }  # fmt: skip
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=60)
 
 
 async def test_with_the_others_emptied_the_member_noted_behind_is_the_rebuild_source(

@@ -5,7 +5,9 @@
 -- is; an absent one goes into the slice whose buckets expire soonest after
 -- the source's (now + its remaining ms), so a copy lives about as long as the
 -- original (never shorter, at most one slice longer). Slices older than this
--- member's own are opened for that (`first` in the slice meta).
+-- member's own are opened for that (`first` in the slice meta). A mark that
+-- outlives the current slice's buckets (claimed before `ttl` was lowered) goes
+-- there, its bucket kept until it ends (the ledger's expiry then only grows).
 -- ARGV[5]: the epoch id the caller expects (nothing is written if it changed);
 -- ARGV[6]: digest length L; ARGV[7]: the digests, concatenated; ARGV[8]: the
 -- owners, each followed by ','; ARGV[9]: the remaining ms, each followed by ',';
@@ -63,6 +65,16 @@ for i = 1, #digests / len do
   elseif held then
     redis.call('HSET', bucket, digest, owner)
     out[i] = 2
+  elseif now + tonumber(left) > at then
+    -- Claimed under a longer ttl (it was lowered since): the current slice's bucket is
+    -- kept until the source's mark ends, and the slice searched as long.
+    local keep = now + tonumber(left)
+    bucket = bucket_of(slices[1], h)
+    redis.call('HSET', bucket, digest, owner)
+    expire_at(bucket, keep, now)
+    local known = tonumber(redis.call('HGET', meta, 'expires:' .. cur))
+    if not known or known < keep then redis.call('HSET', meta, 'expires:' .. cur, fmt('%d', keep)) end
+    out[i] = 1
   else
     local k = math.floor((at - now - tonumber(left)) / slice_ms)
     k = math.max(0, math.min(k, SLICES_BACK))

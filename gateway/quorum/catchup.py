@@ -1,0 +1,164 @@
+"""A member that is only behind is caught up by the gateways themselves.
+
+A member *behind* kept its data (its epoch is `trusted`) but missed marks: a
+gateway run that held them as fills stopped (its note, gateway/quorum/behind.py,
+is stale: not written again for `STALE_AFTER` refreshes), or this run dropped
+fills for it (a full `repair_backlog`). Every mark it missed is on the members
+that answered those votes, which are counted. So the quorum's watch (every
+`[redis] ping_interval`) starts a catch-up of such a member, one at a time:
+
+1. Take the member's lease (`<prefix>catch-up`, on the member: one gateway at a
+   time; renewed after every call, given up at the end). Its clock then is
+   the cut-off: the notes covered are those written up to it.
+2. Copy every live mark of the counted members into it (gateway/quorum/copy.py;
+   members this run holds fills for, or dropped some for, are no source), at
+   most `MARKS_PER_S`, counted in `dedup_gateway_catchup_marks_total`, a log line
+   every `LOG_EVERY_S`.
+3. Make the stale runs' notes about it void on it (and forget them on the
+   others); forget this run's own drop if none happened since step 1. Read the
+   epochs again: it is counted again, unless a live run still holds fills for
+   it (that run sends them and clears its own note).
+
+A member that lost its data (its epoch `recovering`) is not caught up: it lacks
+every mark, not just some, and `dedup-gateway rebuild` (or 1.5 x ttl) completes it.
+A catch-up that fails (a source or the member stops answering, its epoch changes,
+the lease is lost) is logged and counted, and tried again at a later watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from gateway.quorum.behind import ForgetError
+from gateway.quorum.copy import Copied, CopyError, copy_marks
+from gateway.quorum.keys import EPOCH_TRUSTED
+from gateway.quorum.link import MemberLink, Trust
+
+if TYPE_CHECKING:
+    from gateway.quorum.quorum import Quorum
+
+logger = logging.getLogger(__name__)
+
+# The rate a catch-up copies at (marks read per second): bounded, so that it costs
+# the members little beside the data path (an EXPORT call reads up to 2,000).
+MARKS_PER_S = 20_000
+LEASE_MS = 30_000  # renewed after every call; a stopped gateway's lapses
+LOG_EVERY_S = 10.0
+RETRY_S = 5.0  # after a catch-up that failed
+
+
+class CatchUp:
+    """The catch-up of members that are behind, one at a time (the quorum's watch starts it)."""
+
+    def __init__(self, quorum: Quorum) -> None:
+        self.q = quorum
+        self.task: asyncio.Task[None] | None = None
+        self.not_before = 0.0  # monotonic: no catch-up starts before (one failed)
+
+    def due(self) -> MemberLink | None:
+        """A member to catch up now, if any (and a source to copy from)."""
+        if (self.task is not None and not self.task.done()) or time.monotonic() < self.not_before:
+            return None
+        for inst in self.q.members:
+            if self._behind(inst) and self.sources(inst):
+                return inst
+        return None
+
+    def _behind(self, inst: MemberLink) -> bool:
+        kept = inst.epoch is not None and inst.epoch.state == EPOCH_TRUSTED
+        missed = bool(inst.stale) or self.q.behind.lacks(inst.name)
+        return inst.up and not inst.paused and kept and inst.trust is Trust.RECOVERING and missed
+
+    def sources(self, inst: MemberLink) -> list[MemberLink]:
+        """The counted members that hold every mark they were given, as far as this
+        run knows: none it holds fills for or dropped some for."""
+        return [s for s in self.q.members
+                if s is not inst and s.up and s.counted and not s.backlog and not s.sending
+                and not self.q.behind.lacks(s.name)]  # fmt: skip
+
+    def start(self) -> None:
+        """Start catching up the member that is due, if any."""
+        inst = self.due()
+        if inst is not None:
+            self.task = asyncio.create_task(self._guarded(inst), name=f"catch-up {inst.name}")
+
+    async def _guarded(self, inst: MemberLink) -> None:
+        try:
+            await self.run(inst)
+        except Exception:  # a bug here must not stop the gateway: logged, tried again later
+            self.not_before = time.monotonic() + RETRY_S
+            self.q.metrics.catchups.labels(inst.name, "failed").inc()
+            logger.exception("catching Redis member %s up failed", inst.name,
+                             extra={"redis": inst.name})  # fmt: skip
+
+    async def run(self, inst: MemberLink) -> bool:
+        """Catch `inst` up; whether it was (False: another gateway holds its lease, or
+        the copy failed and is tried again later)."""
+        behind, metrics = self.q.behind, self.q.metrics
+        cut_off = await behind.lease(inst, LEASE_MS)
+        if not cut_off:
+            return False
+        stale, dropped_at = sorted(inst.stale), behind.dropped.get(inst.name)
+        sources = self.sources(inst)
+        epoch = inst.epoch
+        if epoch is None or not sources:
+            await behind.unlease(inst)
+            return False
+        started = time.monotonic()
+        copied = Copied()
+        logged = [started]
+        why = (f"stopped gateway run(s) {', '.join(stale)} held fills for it" if stale
+               else "this gateway run dropped fills for it")  # fmt: skip
+        logger.warning(
+            "Redis member %s is behind (%s): catching it up from %s, at most %d marks/s",
+            inst.name, why, ", ".join(s.name for s in sources), MARKS_PER_S,
+            extra={"redis": inst.name},
+        )  # fmt: skip
+
+        async def advance(found: int, fraction: float) -> None:
+            metrics.catchup_marks.labels(inst.name).inc(found)
+            now = time.monotonic()
+            if now - logged[0] >= LOG_EVERY_S:
+                logged[0] = now
+                logger.info("catching Redis member %s up: %d marks read, about %d%% done",
+                            inst.name, copied.marks_read, fraction * 100,
+                            extra={"redis": inst.name})  # fmt: skip
+            await asyncio.sleep(found / MARKS_PER_S)
+            if not await behind.lease(inst, LEASE_MS):
+                raise CopyError("its lease was lost (another gateway took it over?)")
+
+        metrics.catchup_running.labels(inst.name).set(1)
+        try:
+            await copy_marks(self.q, inst, epoch.id, sources, copied, advance)
+            if stale:
+                await behind.forget(inst, stale, cut_off)
+        except (CopyError, ForgetError) as exc:
+            self.not_before = time.monotonic() + RETRY_S
+            metrics.catchups.labels(inst.name, "failed").inc()
+            logger.warning("catching Redis member %s up failed (%s): tried again in %gs",
+                           inst.name, exc, RETRY_S, extra={"redis": inst.name})  # fmt: skip
+            return False
+        finally:
+            metrics.catchup_running.labels(inst.name).set(0)
+            await behind.unlease(inst)
+        if dropped_at is not None and behind.dropped.get(inst.name) == dropped_at:
+            del behind.dropped[inst.name]
+        metrics.catchups.labels(inst.name, "done").inc()
+        logger.warning(
+            "Redis member %s caught up in %.1fs: %d marks read from %s, %d written, %d "
+            "rewritten, %d already there", inst.name, time.monotonic() - started,
+            copied.marks_read, ", ".join(s.name for s in sources), copied.written,
+            copied.rewritten, copied.already_there, extra={"redis": inst.name},
+        )  # fmt: skip
+        await self.q.refresh_epochs()
+        return True
+
+    async def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
