@@ -367,7 +367,7 @@ class BatchWatch:
         self.commit_s = 0.0
         self.forwards = 0
         self.forward_s = 0.0
-        commit, finish = checkpoint.commit, source.pipeline.finish
+        commit, finish = checkpoint.commits.commit, source.pipeline.finish
 
         async def forwarding(decided: Any) -> dict[TopicPartition, int]:
             began = time.perf_counter()
@@ -379,15 +379,15 @@ class BatchWatch:
 
         source.pipeline.finish = forwarding  # type: ignore[method-assign]
 
-        async def watched(offsets: dict[TopicPartition, int]) -> None:
+        async def watched(offsets: dict[TopicPartition, int]) -> bool:
             began = time.perf_counter()
             try:
-                await commit(offsets)
+                return await commit(offsets)
             finally:
                 self.commits += 1
                 self.commit_s += time.perf_counter() - began
 
-        checkpoint.commit = watched  # type: ignore[method-assign]
+        checkpoint.commits.commit = watched  # type: ignore[method-assign]
 
 
 async def watch_transactions(

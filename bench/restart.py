@@ -22,7 +22,7 @@ For each mode and repetition, on one local stack (Apache Kafka, three redis-serv
      had already asked to commit may complete after it (`committed_after_kill`);
    - rejoined: until A's new process logged its first assignment;
    - moved: A's partitions that gateway B was assigned after the kill, and whether
-     B took part in a rebalance at all (its log's `gateway.kafka.offsets partitions
+     B took part in a rebalance at all (its log's `gateway.kafka.rebalance partitions
      assigned: [...]` lines).
 4. The load stops; the gateways commit the raw topic to its end and stop (SIGTERM,
    exit 0); the clean topic, read `read_committed`, must hold every produced id, each
@@ -68,8 +68,8 @@ REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.1
 MODES = ("static", "dynamic")
 Mode = Literal["static", "dynamic"]
-# The raw group's rebalance listener (gateway/kafka/offsets.py); not the delay tiers'.
-ASSIGNED = re.compile(r"gateway\.kafka\.offsets partitions assigned: (\[.*\])")
+# The raw group's rebalance listener (gateway/kafka/rebalance.py); not the delay tiers'.
+ASSIGNED = re.compile(r"gateway\.kafka\.rebalance partitions assigned: (\[.*\])")
 PARTITION = re.compile(r"topic='([^']*)', partition=(\d+)")
 
 

@@ -462,7 +462,7 @@ class Run:
         while self.clock.now() < deadline:
             text = gateway.log.read_text(errors="replace") if gateway.log.exists() else ""
             current = text.rsplit("=== chaos:", 1)[-1]
-            if "INFO gateway.kafka.offsets partitions assigned" in current:
+            if "INFO gateway.kafka.rebalance partitions assigned" in current:
                 return True
             await asyncio.sleep(0.25)
         return False

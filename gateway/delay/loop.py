@@ -62,39 +62,34 @@ from gateway import faults
 from gateway.config import ConfigError, Settings
 from gateway.contract.records import (
     H_DELIVER_AT,
-    H_TIER_AT,
     H_WINDOW,
     OutRecord,
     Record,
     quarantine_record,
     source_ref,
 )
-from gateway.delay.coalescer import WINDOW_EXPIRED, Verdict, now_ms
 from gateway.delay.coalescer import Coalescer as Closer
+from gateway.delay.coalescer import now_ms
 from gateway.delay.leftovers import leftover_tiers
-from gateway.kafka.clients import build_consumer, stop_within, unless_stopped
+from gateway.errors import BadRecord
+from gateway.kafka.clients import build_consumer, stop_within
+from gateway.kafka.due import DueQueue
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
-from gateway.kafka.offsets import (
-    DueQueue,
-    OffsetBook,
-    PartitionOffsets,
-    Rebalance,
-    RevocationGuard,
-    fetch_past_bad_headers,
-)
+from gateway.kafka.loop import Commits, ConsumerLoop
+from gateway.kafka.offsets import OffsetBook, PartitionOffsets
+from gateway.kafka.salvage import Fetched
 from gateway.kafka.sink import Sink
-from gateway.kafka.transactions import Member, group_member
+from gateway.kafka.transactions import Member
 from gateway.metrics import Metrics
 from gateway.rules.tiers import (
     Tiers,
-    _int_header,
-    _replace_tier_at,
     millis,
-    next_step_ms,
     pick_tier,
+    read_tier_record,
+    replace_tier_at,
     tier_topics,
 )
-from gateway.waits import wait_or_stop
+from gateway.rules.windows import WINDOW_EXPIRED, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +128,8 @@ class _Partition(PartitionOffsets):
 
 
 class DelayLoop:
-    """Reads the tier topics, moves each record on when its step comes (module docstring)."""
+    """Reads the tier topics, moves each record on when its step comes (module docstring):
+    a step on the consumer-loop skeleton (gateway/kafka/loop.py)."""
 
     def __init__(
         self,
@@ -146,7 +142,8 @@ class DelayLoop:
         transactions: Transactions | None = None,
     ) -> None:
         self.closer = closer
-        self.transactions = transactions  # exactly_once: a step's moves and offsets together
+        # exactly_once: a step's moves and offsets together
+        self.commits = Commits(consumer, "delay tier", transactions)
         self.fetched_as: Member = (-1, "", None)  # who the consumer was at the last fetch
         self.leftover = dict(leftover or {})  # tier topics no longer configured -> delay ms
         self._unclosed_logged = False
@@ -160,11 +157,12 @@ class DelayLoop:
         self.tiers = Tiers(settings)
         self.lead_ms = self.tiers.ms[0]
         self.max_delay_ms = millis(settings.delay.max_delay)
-        self.lock = asyncio.Lock()  # a step (move, ack, commit) against a rebalance
         self.held: DueQueue[_Held] = DueQueue()  # by next step
         self.held_bytes = 0
         self.book: OffsetBook[_Partition] = OffsetBook(_Partition)
-        self.guard = RevocationGuard()  # a batch fetched before a revoke is stale
+        self.loop = ConsumerLoop(
+            consumer, settings.kafka, "delay tier", self, self.book.position, self.book.read_on
+        )  # a step (move, ack, commit) holds its lock against a rebalance
         self._report_due = 0.0
 
     @property
@@ -173,41 +171,36 @@ class DelayLoop:
 
     def listener(self) -> ConsumerRebalanceListener:
         # A revoke waits for a step in progress: its moves are acknowledged and committed first.
-        return Rebalance("delay tier partitions", self.lock, self.guard, self.forget)
+        return self.loop.listener("delay tier partitions", self.forget)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take, step and commit until `stop`; then `drain`."""
-        consumer = self.consumer
-        while not stop.is_set():
-            now = now_ms()
-            self._resume(now)
-            wait = FETCH_TIMEOUT_MS
-            if (first := self.held.next_at()) is not None:
-                wait = max(0, min(wait, int(first) - now))
-            room = max(1, MAX_HELD - len(self.held))
-            try:
-                fetched = await unless_stopped(
-                    consumer.getmany(timeout_ms=wait, max_records=room), stop
-                )
-            except UnicodeDecodeError as exc:  # a header name (gateway/kafka/salvage.py)
-                await self._salvage(exc, room, stop)
-                continue
-            if fetched is None:
-                break
-            self.guard.fetched()
-            self.fetched_as = group_member(consumer)
-            async with self.lock:
-                if self.guard.stale():
-                    # A revoke ran between the fetch and the lock: each partition reads
-                    # again from its committed offset (or moved to another gateway).
-                    logger.info("tier records fetched before a rebalance are left to be read again")
-                    continue
-                now = now_ms()
-                for tp, records in fetched.items():
-                    self._take(tp, records, now)
-                await self._step(now_ms())
-            self._report()
-        await self.drain()
+        await self.loop.run(stop)
+
+    async def ask(self, stop: asyncio.Event) -> tuple[int, int]:
+        """Resume the partitions due; fetch no longer than until the first held step,
+        no more than there is room for."""
+        now = now_ms()
+        self._resume(now)
+        wait = FETCH_TIMEOUT_MS
+        if (first := self.held.next_at()) is not None:
+            wait = max(0, min(wait, int(first) - now))
+        return wait, max(1, MAX_HELD - len(self.held))
+
+    async def take(self, fetched: Fetched) -> set[TopicPartition]:
+        """Hold what is fetched (pausing where a step is further ahead), then step."""
+        self.fetched_as = fetched.member
+        now = now_ms()
+        stopped = {
+            tp
+            for tp, records in fetched.records.items()
+            if not self._take(tp, records, now, fetched.bad.get(tp))
+        }
+        await self._step(now_ms())
+        return stopped
+
+    async def after(self, stop: asyncio.Event) -> None:
+        self._report()
 
     async def drain(self) -> None:
         """Take nothing more; step the held records whose step comes within two
@@ -216,7 +209,7 @@ class DelayLoop:
         deadline = now_ms() + min(STOP_DRAIN_MS, 2 * self.lead_ms)
         while (first := self.held.next_at()) is not None and first <= deadline:
             await asyncio.sleep(max(0, first - now_ms()) / 1000)  # its time
-            async with self.lock:
+            async with self.loop.lock:
                 await self._step(now_ms())
 
     def _full(self) -> bool:
@@ -255,28 +248,6 @@ class DelayLoop:
             part.next_offset = rec.offset + 1
         return True
 
-    async def _salvage(self, error: UnicodeDecodeError, room: int, stop: asyncio.Event) -> None:
-        """Get past tier records aiokafka cannot parse: each is quarantined as a
-        `bad_tier_record`, the records around it taken as usual."""
-        logger.warning("a delay tier record cannot be parsed (%s): reading past it", error)
-
-        async with self.lock:
-            self.fetched_as = group_member(self.consumer)
-            found = await fetch_past_bad_headers(
-                self.consumer, self.kafka, room, self.book.position
-            )
-            bad = {tp: f for tp, f in (found or {}).items() if f.bad}
-            now = now_ms()
-            for tp, f in bad.items():
-                if self._take(tp, f.in_order(), now, f.dropped()):
-                    # aiokafka cannot read the rest of that batch: read on after it.
-                    self.book.of(tp).next_offset = f.next_offset
-                    self.consumer.seek(tp, f.next_offset)
-            if bad:
-                await self._step(now_ms())
-        if not bad:  # unreadable now, or moved meanwhile (a rebalance): the next fetch tells
-            await wait_or_stop(stop, FETCH_TIMEOUT_MS / 1000)
-
     def _tier_ms(self, topic: str) -> int:
         index = self.tiers.by_topic.get(topic)
         return self.tiers.ms[index] if index is not None else self.leftover[topic]
@@ -289,22 +260,20 @@ class DelayLoop:
     def _held(self, rec: Record, tier_ms: int, now: int) -> _Held:
         size = _size(rec)
         try:
-            due = _int_header(rec.headers, H_DELIVER_AT)
-            if due - now > self.max_delay_ms + CLOCK_SLACK_MS:
-                problem = (f"delay_too_long: due {(due - now) / 1000:.0f}s from now; "
-                           f"[delay] max_delay is {self.max_delay_ms / 1000:.0f}s")  # fmt: skip
-                return _Held(0, rec, 0, size, problem, reason="delay_too_long")
-            step = next_step_ms(_int_header(rec.headers, H_TIER_AT), tier_ms, due)
-            window = any(k == H_WINDOW for k, _ in rec.headers)
-            if window and self.closer is None:
-                # [coalesce] switched off while it waited: no window closes it, so it is
-                # delivered when due (its window's close) as a plain delayed record.
-                window = False
-                self._log_unclosed(rec)
+            read = read_tier_record(rec.headers, tier_ms, now, self.max_delay_ms + CLOCK_SLACK_MS)
+        except BadRecord as exc:  # not cycled through the largest tier past its mark's life
+            problem = f"{exc}; [delay] max_delay is {self.max_delay_ms / 1000:.0f}s"
+            return _Held(0, rec, 0, size, problem, reason=exc.reason)
         except ValueError as exc:
             # Not written by a gateway: set it aside now rather than stop the tier.
             return _Held(0, rec, 0, size, f"bad_tier_record: {exc}")
-        return _Held(step, rec, due, size, window=window)
+        window = read.window
+        if window and self.closer is None:
+            # [coalesce] switched off while it waited: no window closes it, so it is
+            # delivered when due (its window's close) as a plain delayed record.
+            window = False
+            self._log_unclosed(rec)
+        return _Held(read.step_ms, rec, read.due_ms, size, window=window)
 
     def _log_unclosed(self, rec: Record) -> None:
         if not self._unclosed_logged:
@@ -358,13 +327,16 @@ class DelayLoop:
         emitted = await self._close(closing, now, moves, stepped) if closing else []
         if not stepped:
             return
-        if self.transactions is None:
+        if self.commits.transactions is None:
             await self._move(moves, to_clean, emitted, stepped)
-            await self._commit()
+            # A partition that moved on: its new owner replays the moves (same tokens).
+            offsets = self.book.due_commits(self.consumer)
+            if await self.commits.commit(offsets):
+                self.book.committed(offsets)
             return
         try:
-            committed = await self.transactions.run(
-                self._moved(moves, to_clean, emitted, stepped), self.consumer, self.fetched_as
+            committed = await self.commits.transaction(
+                self._moved(moves, to_clean, emitted, stepped), self.fetched_as
             )
         except StepAborted:
             await self._read_again()
@@ -388,7 +360,7 @@ class DelayLoop:
         self.metrics.transactions_aborted.labels("delay").inc()
         assigned = self.consumer.assignment()
         self.forget(assigned)
-        self.guard.revoked()  # a batch fetched before this is stale
+        self.loop.guard.revoked()  # a batch fetched before this is stale
         await read_again_from_commits(self.consumer)
         self.consumer.resume(*(self.consumer.assignment() & assigned))  # not one revoked since
 
@@ -438,7 +410,7 @@ class DelayLoop:
                     self._quarantined(rec, WINDOW_EXPIRED, "window_expired")
                 )
             elif decided.verdict is Verdict.EMIT:
-                headers = self.closer.emitted(_replace_tier_at(rec.headers, None), decided)
+                headers = self.closer.emitted(replace_tier_at(rec.headers, None), decided)
                 moves[self.clean_topic].append(
                     OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
                 )
@@ -454,7 +426,7 @@ class DelayLoop:
                 headers.append((H_DELIVER_AT, str(decided.close_ms).encode()))
                 moves[self.tiers.topics[tier]].append(
                     OutRecord(rec.key, rec.value, rec.timestamp,
-                              _replace_tier_at(headers, now), rec.partition)
+                              replace_tier_at(headers, now), rec.partition)
                 )  # fmt: skip
             else:  # soon, or no majority answered: held here until then
                 held.due_ms = held.step_ms = decided.close_ms
@@ -466,10 +438,6 @@ class DelayLoop:
     async def _deliver(self, topic: str, records: Sequence[OutRecord]) -> None:
         futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
         await asyncio.gather(*futures)
-
-    async def _commit(self) -> None:
-        # A partition that moved on: its new owner replays the moves (same tokens).
-        await self.book.commit(self.consumer, "delay tier")
 
     def _quarantined(self, rec: Record, problem: str, reason: str = "bad_tier_record") -> OutRecord:
         self.metrics.quarantined.labels(reason).inc()
@@ -512,7 +480,7 @@ def _copy(rec: Record, tier_at_ms: int | None, window: bool = True) -> OutRecord
     """A tier record's next copy: key, value, raw timestamp and headers kept; the tier
     entry time replaced (another tier) or dropped (the clean topic). `window=False`:
     without `dedup-window` (a coalesced record delivered unclosed, coalescing off)."""
-    headers = _replace_tier_at(rec.headers, tier_at_ms)
+    headers = replace_tier_at(rec.headers, tier_at_ms)
     if not window:
         headers = [(k, v) for k, v in headers if k != H_WINDOW]
     return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)

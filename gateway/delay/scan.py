@@ -21,7 +21,7 @@ from gateway.kafka.clients import build_consumer, partitions_of
 from gateway.progress import Progress
 from gateway.rules.tiers import (
     Tiers,
-    _int_header,
+    epoch_ms_header,
     next_step_ms,
 )
 
@@ -107,7 +107,7 @@ def _waiting(rec: Record, tier: str, tier_ms: int) -> Waiting:
     times = []
     for name in (H_DELIVER_AT, H_TIER_AT):
         try:
-            times.append(_int_header(rec.headers, name))
+            times.append(epoch_ms_header(rec.headers, name))
         except ValueError:
             times.append(0)
     due, tier_at = times

@@ -88,7 +88,10 @@ class RawFetcher:
 
     async def _read_leniently(self, tp: TopicPartition, ref: str, offset: int) -> Record | Absent:
         """The record at `offset` when aiokafka cannot parse its batch."""
-        found = await read_leniently(self.consumer._client, tp, offset, max_records=1)
+        consumer = self.consumer
+        found = await read_leniently(
+            consumer._client, tp, offset, 1, consumer._max_partition_fetch_bytes
+        )
         for rec in found.records:
             if rec.offset == offset:
                 return rec

@@ -35,7 +35,6 @@ holding the partition's commits back.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
@@ -60,20 +59,13 @@ from gateway.contract.records import (
 from gateway.contract.tokens import dead_token, mark_digest, owner_token
 from gateway.errors import BadRecord, InvalidCommand, RawFetchError
 from gateway.failures.fetch_back import Absent, RawFetcher
-from gateway.kafka.clients import unless_stopped
-from gateway.kafka.offsets import (
-    DueQueue,
-    OffsetBook,
-    PartitionOffsets,
-    Rebalance,
-    RevocationGuard,
-    fetch_past_bad_headers,
-)
+from gateway.kafka.due import DueQueue
+from gateway.kafka.loop import Commits, ConsumerLoop
+from gateway.kafka.offsets import OffsetBook, PartitionOffsets
+from gateway.kafka.salvage import Fetched
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from gateway.quorum.quorum import (
-    Quorum,
-)
+from gateway.quorum.quorum import Quorum
 from gateway.rules.backoff import backoff_delay
 from gateway.rules.commands import handover_decision, handover_of, release_decision
 from gateway.rules.ids import build_extractor
@@ -84,7 +76,7 @@ logger = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000  # scheduled retries held in memory before fetching pauses
 FETCH_TIMEOUT_MS = 200
-COMMIT_TIMEOUT_S = 5.0  # a commit the broker does not answer is retried on the next pass
+MAX_COMMANDS = 500  # per fetch
 
 
 @dataclass(slots=True)
@@ -111,94 +103,75 @@ class _Due:
 
 
 class FailureLoop:
-    """`out`: the service's sink (gateway/service/app.py), or a producer to send on."""
+    """A step on the consumer-loop skeleton (gateway/kafka/loop.py) over the failure
+    topic. `out`: the service's sink (gateway/service/app.py), or a producer to send on;
+    `fetcher` reads raw records back."""
 
     def __init__(
-        self, settings: Settings, quorum: Quorum, out: Sink | AIOKafkaProducer, metrics: Metrics
+        self,
+        settings: Settings,
+        quorum: Quorum,
+        out: Sink | AIOKafkaProducer,
+        metrics: Metrics,
+        commands: AIOKafkaConsumer,
+        fetcher: RawFetcher,
     ) -> None:
         self.settings = settings
         self.failures = settings.failures
         self.quorum = quorum
         self.sink = out if isinstance(out, Sink) else Sink(out, settings.kafka, metrics)
         self.metrics = metrics
+        self.commands = commands
+        self.fetcher = fetcher
         self.extract = build_extractor(settings.dedup.id, settings.dedup.max_id_bytes)
         self.raw_topics = frozenset(settings.kafka.raw_topics)
         self.lane_extra = lane_headers(settings)  # a retry keeps its lane's header and topic
         self.due: DueQueue[_Due] = DueQueue()  # by time.monotonic()
         self.book: OffsetBook[_Partition] = OffsetBook(_Partition)
-        self.guard = RevocationGuard()
-        self._committing: asyncio.Future[None] | None = None  # the last offset commit
+        self.commits = Commits(commands, "failure-topic")
+        self.loop = ConsumerLoop(
+            commands, settings.kafka, "failure command", self, self.book.position, self.book.read_on
+        )
+        self._rewound = False  # a partition waits for a majority: back off before the next
 
-    async def run(
-        self, commands: AIOKafkaConsumer, fetcher: RawFetcher, stop: asyncio.Event
-    ) -> None:
-        while not stop.is_set():
-            await self._run_due(fetcher, stop)
-            if len(self.due) >= MAX_PENDING:
-                await asyncio.sleep(FETCH_TIMEOUT_MS / 1000)  # let scheduled retries drain first
-                continue
-            try:
-                fetched = await unless_stopped(
-                    commands.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=500), stop
-                )
-            except UnicodeDecodeError as exc:  # a header name (gateway/kafka/salvage.py)
-                await self._salvage(commands, exc, stop)
-                await self._commit(commands)
-                continue
-            if fetched is None:
-                break
-            self.guard.fetched()
-            for tp, records in fetched.items():
-                if self.guard.stale():  # revoked since: read again from the commits, or moved
-                    break
-                part = self.book.of(tp)
-                rewind = await self.handle(tp, part, records)
-                await self._rewind(commands, tp, part, rewind, stop)
-            await self._commit(commands)
+    def listener(self) -> ConsumerRebalanceListener:
+        return self.loop.listener("failure-topic partitions", self.forget)
 
-    async def _rewind(
-        self,
-        commands: AIOKafkaConsumer,
-        tp: TopicPartition,
-        part: _Partition,
-        rewind: int | None,
-        stop: asyncio.Event,
-    ) -> None:
-        """No majority: the partition reads its undecided command again after a pause.
-        Only while the partition is still ours: after a rebalance its new position is
-        the committed offset, and seeking on would skip commands. Checked with no await
-        before the seek: it cannot be revoked in between."""
-        if rewind is not None and self.book.owns(commands, tp, part):
-            commands.seek(tp, rewind)
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.loop.run(stop)
+
+    async def ask(self, stop: asyncio.Event) -> tuple[int, int] | None:
+        """The retries due first; no fetch while too many are scheduled."""
+        await self._run_due(stop)
+        if len(self.due) >= MAX_PENDING:
+            await wait_or_stop(stop, FETCH_TIMEOUT_MS / 1000)  # let scheduled retries drain
+            return None
+        return FETCH_TIMEOUT_MS, MAX_COMMANDS
+
+    async def take(self, fetched: Fetched) -> set[TopicPartition]:
+        """Act on each partition's commands; one that waits for a majority reads its
+        undecided command again after a pause (it is not read on)."""
+        rewound = set()
+        for tp, records in fetched.records.items():
+            rewind = await self.handle(tp, self.book.of(tp), records, fetched.bad.get(tp))
+            if rewind is not None:
+                self.commands.seek(tp, rewind)
+                rewound.add(tp)
+        self._rewound = self._rewound or bool(rewound)
+        return rewound
+
+    async def after(self, stop: asyncio.Event) -> None:
+        """Commit up to the oldest command whose effect is still scheduled; after a
+        rewind, wait `backoff_initial` before reading the undecided command again."""
+        offsets = self.book.due_commits(self.commands)
+        if offsets and await self.commits.commit(offsets):
+            self.book.committed(offsets)
+        if self._rewound:
+            self._rewound = False
             await wait_or_stop(stop, self.failures.backoff_initial.total_seconds())
 
-    async def _salvage(
-        self, commands: AIOKafkaConsumer, error: UnicodeDecodeError, stop: asyncio.Event
-    ) -> None:
-        """Get past commands aiokafka cannot parse: each is skipped as invalid
-        (`bad_header`), the commands around it handled as usual."""
-        logger.warning("a failure command cannot be parsed (%s): reading past it", error)
-
-        # No lock holds a revoke back here (the other loops read past such records under
-        # theirs): what a revoke during the lenient read leaves is read again from the
-        # commits. Handled, it would have made the revoked partition's state anew and
-        # committed it past retries the revoke dropped (chaos seed 9709).
-        self.guard.fetched()
-        found = await fetch_past_bad_headers(commands, self.settings.kafka, 500, self.book.position)
-        bad = {tp: f for tp, f in (found or {}).items() if f.bad}
-        if not bad or self.guard.stale():  # unreadable now, or a rebalance: fetch again
-            await wait_or_stop(stop, self.failures.backoff_initial.total_seconds())
-            return
-        for tp, f in bad.items():
-            if self.guard.stale():  # revoked while a partition before it was handled
-                break
-            part = self.book.of(tp)
-            rewind = await self.handle(tp, part, f.in_order(), f.dropped())
-            if rewind is None and self.book.owns(commands, tp, part):
-                # aiokafka cannot read the rest of that batch: read on after it.
-                part.next_offset = f.next_offset
-                commands.seek(tp, f.next_offset)
-            await self._rewind(commands, tp, part, rewind, stop)
+    async def drain(self) -> None:
+        """Nothing to finish: scheduled effects not done are redone from the commits."""
 
     async def handle(
         self,
@@ -310,12 +283,12 @@ class FailureLoop:
         """False once the due's command partition was revoked (its new owner redoes it)."""
         return self.book.parts.get(due.tp) is due.owner
 
-    async def _run_due(self, fetcher: RawFetcher, stop: asyncio.Event) -> None:
+    async def _run_due(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and (due := self.due.pop_due(time.monotonic())) is not None:
             if not self._ours(due):
                 continue
             try:
-                await self._redo(due, fetcher)
+                await self._redo(due, self.fetcher)
             except (RawFetchError, KafkaError) as exc:
                 if isinstance(exc, KafkaError) and not (
                     exc.retriable or isinstance(exc, KafkaTimeoutError)
@@ -395,33 +368,6 @@ class FailureLoop:
         for fut in await self.sink.send(topic, [clean_record(raw, headers)]):
             await fut
 
-    def listener(self) -> ConsumerRebalanceListener:
-        return Rebalance("failure-topic partitions", None, self.guard, self.forget)
-
-    async def _commit(self, commands: AIOKafkaConsumer) -> None:
-        """Commit up to the oldest command whose effect is still scheduled."""
-        offsets = self.book.due_commits(commands)
-        if not offsets:
-            return
-        if self._committing is not None and not self._committing.done():
-            return  # the last commit is still under way (broker away): the next pass tries
-        where = {source_ref(tp.topic, tp.partition, o): o for tp, o in offsets.items()}
-        # Bounded, but never cancelled: aiokafka retries a commit for as long as the
-        # broker is away (due retries must still get their turn meanwhile), and a
-        # cancelled commit leaves its own inner task to fail unobserved.
-        task = asyncio.ensure_future(commands.commit(offsets))
-        self._committing = task
-        done, _ = await asyncio.wait([task], timeout=COMMIT_TIMEOUT_S)
-        if not done:
-            task.add_done_callback(functools.partial(_commit_done, where))
-            logger.warning(
-                "failure-topic commit still under way after %.0fs; the next pass commits again",
-                COMMIT_TIMEOUT_S, extra={"commit": where},
-            )  # fmt: skip
-            return
-        if _commit_done(where, task):
-            self.book.committed(offsets)
-
     def forget(self, partitions: set[TopicPartition]) -> None:
         """Revoked command partitions: their scheduled effects go with them (the new
         owner replays the uncommitted commands and redoes them)."""
@@ -446,18 +392,3 @@ class FailureLoop:
 def _fields(cmd: Command) -> dict[str, str | int]:
     """Log fields of a command: the raw record it names, and where the command is."""
     return {**coordinates(cmd.topic, cmd.partition, cmd.offset), "command": cmd.ref}
-
-
-def _commit_done(where: dict[str, int], task: asyncio.Future[None]) -> bool:
-    """Log a failed command-offset commit (its exception retrieved, never left
-    unobserved); True when it succeeded."""
-    if task.cancelled():
-        return False
-    if (exc := task.exception()) is None:
-        return True
-    # Revoked meanwhile (CommitFailedError, IllegalStateError), or a broker error:
-    # the next pass commits again, or the new owner replays the commands.
-    logger.warning(
-        "failure-topic commit failed, left for the next pass: %r", exc, extra={"commit": where}
-    )
-    return False

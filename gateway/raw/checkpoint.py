@@ -18,17 +18,14 @@ replay forwards them again.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from gateway import faults
 from gateway.kafka.exactly_once import StepAborted, Transactions
+from gateway.kafka.loop import Commits
 from gateway.kafka.transactions import Member
-
-logger = logging.getLogger(__name__)
 
 
 class Checkpoint:
@@ -36,7 +33,7 @@ class Checkpoint:
         self, consumer: AIOKafkaConsumer, transactions: Transactions | None = None
     ) -> None:
         self.consumer = consumer
-        self.transactions = transactions
+        self.commits = Commits(consumer, "raw", transactions)
         self._finishing: asyncio.Task[None] | None = None  # the batch being acknowledged
 
     async def then(
@@ -56,7 +53,7 @@ class Checkpoint:
             if asyncio.iscoroutine(finish):
                 finish.close()
             raise
-        if self.transactions is not None:
+        if self.commits.transactions is not None:
             self._finishing = asyncio.create_task(self._transaction(finish, member))
         else:
             self._finishing = asyncio.create_task(self._commit_after(finish))
@@ -67,28 +64,20 @@ class Checkpoint:
             finishing, self._finishing = self._finishing, None
             await finishing
 
-    async def _commit_after(self, finish: Awaitable[dict[TopicPartition, int]]) -> None:
-        await self.commit(await self._acked(finish))
+    @property
+    def transactions(self) -> Transactions | None:
+        return self.commits.transactions
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        """Commit `offsets` for the partitions still assigned to us."""
-        assigned = self.consumer.assignment()
-        offsets = {tp: o for tp, o in offsets.items() if tp in assigned}
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # The partitions moved on; their new owner replays from the last
-            # commit, and finds our marks owned by these same source records.
-            logger.warning("commit failed after a rebalance, batch will be replayed: %s", exc)
+    async def _commit_after(self, finish: Awaitable[dict[TopicPartition, int]]) -> None:
+        # A partition that moved on: its new owner replays from the last commit, and
+        # finds our marks owned by these same source records.
+        await self.commits.commit(await self._acked(finish))
 
     async def _transaction(
         self, finish: Awaitable[dict[TopicPartition, int]], member: Member
     ) -> None:
         """`finish` and the offsets it returns in one transaction, committed as `member`."""
-        assert self.transactions is not None
-        await self.transactions.run(self._acked(finish), self.consumer, member)
+        await self.commits.transaction(self._acked(finish), member)
 
     @staticmethod
     async def _acked(

@@ -17,15 +17,16 @@ finds their marks theirs).
 
 A raw record with a header name that is not UTF-8 makes aiokafka's `getmany`
 raise, every time (gateway/kafka/salvage.py). The loop then reads the partitions
-leniently from their committed offsets and quarantines such a record
-(`bad_header`, those headers dropped), after the records before it, and the
-partition reads on after it.
+leniently from their committed offsets (the salvage every loop shares) and
+quarantines such a record (`bad_header`, those headers dropped), after the records
+before it, and the partition reads on after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterable
@@ -35,18 +36,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from gateway.errors import BadRecord
 from gateway.kafka.clients import unless_stopped
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
-from gateway.kafka.offsets import (
-    Rebalance,
-    RevocationGuard,
-    fetch_past_bad_headers,
-)
+from gateway.kafka.rebalance import Rebalance, RevocationGuard
+from gateway.kafka.salvage import Fetched, Salvage
 from gateway.kafka.transactions import Member, group_member
 from gateway.metrics import Metrics
 from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.checkpoint import Checkpoint
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline, Voting
-from gateway.rules.backoff import backoff_delay
 from gateway.rules.classify import Decided
 from gateway.waits import wait_or_stop
 
@@ -81,7 +78,7 @@ class RawSource:
         self.claiming: Voting | None = None  # the batch whose ids are being claimed
         self.guard = RevocationGuard()  # a batch fetched before a revoke is stale
         self.fetched_as: Member = (-1, "", None)  # who the consumer was at the last fetch
-        self._salvage_failures = 0  # salvages in a row that found nothing to get past
+        self.salvage = Salvage(consumer, pipeline.settings.kafka, "raw")
         self.batches = 0
         self._lag_due = 0.0
 
@@ -138,15 +135,12 @@ class RawSource:
                         break
                     batch = fetched
                 except UnicodeDecodeError as exc:  # a header name (gateway/kafka/salvage.py)
-                    started = time.perf_counter()
+                    take = functools.partial(self._take_salvaged, time.perf_counter())
                     async with self.batch_lock:
                         await self.hand_over(None)
-                        salvaged = await self._salvage(exc, started)
-                    if salvaged:
-                        self._salvage_failures = 0
-                    else:  # nothing lost: every partition was rewound to its commit
-                        self._salvage_failures += 1
-                        await wait_or_stop(stop, backoff_delay(0.5, 30.0, self._salvage_failures))
+                        await self._drained()  # all handed out is committed: read from there
+                        wait = await self.salvage(exc, self.max_records, take)
+                    await wait_or_stop(stop, wait)
                     continue
                 if not batch:
                     if self.claiming is not None:  # nothing more yet: finish its vote
@@ -228,57 +222,37 @@ class RawSource:
         self.fetched_as = group_member(consumer)
         return batch
 
-    async def _salvage(self, error: UnicodeDecodeError, started: float) -> bool:
-        """Get past the records aiokafka could not parse, as one batch; False to try again.
-
-        The failed `getmany` may have moved partitions past records it never
-        returned: once everything handed out is committed, each partition is
-        rewound to its committed offset. Each one not paused is read leniently
-        from there; where one holds records with header names that are not
-        UTF-8, those are quarantined, the others up to the end of their batch
-        (aiokafka cannot read past them in it) decided as usual, and the
-        partition reads on after that batch.
-        """
-        consumer = self.consumer
-        logger.warning("a raw record cannot be parsed (%s): reading past it", error)
-        await self._drained()  # everything handed out is committed: read from there
-        member = group_member(consumer)
-        found = await fetch_past_bad_headers(
-            consumer, self.pipeline.settings.kafka, self.max_records
-        )
-        if found is None:
-            return False
-        bad = {tp: f for tp, f in found.items() if f.bad}
-        if not bad:  # moved or gone meanwhile (a rebalance): the next fetch tells
-            logger.error(
-                "no unparseable record found where the fetch failed (%s) in %s: fetching again",
-                error,
-                ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(found)) or "no partition",
-            )
-            return False
-        batch = {tp: f.records for tp, f in bad.items() if f.records}
+    async def _take_salvaged(self, started: float, fetched: Fetched) -> set[TopicPartition]:
+        """Records read leniently (gateway/kafka/salvage.py), as one batch: those with
+        header names that are not UTF-8 quarantined, the others decided as usual.
+        Returns the partitions that stop: blocked, or all after an aborted transaction."""
+        bad = fetched.bad
+        batch = {
+            tp: good
+            for tp, records in fetched.records.items()
+            if (good := [r for r in records if r.offset not in bad.get(tp, {})])
+        }
         decided = await self.pipeline.decide(batch) if batch else Decided()
-        for tp, f in bad.items():
+        for tp, records in fetched.records.items():
             # Under `block`, records from the blocked one on wait for the partition to resume.
             until = decided.blocked.get(tp)
-            for rec, dropped in f.bad:
-                if until is None or rec.offset < until:
+            dropped = bad.get(tp, {})
+            for rec in records:
+                if rec.offset in dropped and (until is None or rec.offset < until):
                     self.metrics.records_in.labels(tp.topic).inc()
-                    reason = f"{dropped} header name(s) not UTF-8, dropped"
+                    reason = f"{dropped[rec.offset]} header name(s) not UTF-8, dropped"
                     decided.quarantine.append((rec, BadRecord("bad_header", reason)))
-            if until is None:  # aiokafka could read nothing more of that batch: read on after it
-                decided.commits[tp] = f.next_offset
-                consumer.seek(tp, f.next_offset)
-            else:
-                decided.commits[tp] = until  # everything before it is forwarded or quarantined
-        self.blocked.update(consumer, decided.blocked, bad.keys())
-        size = sum(len(f.records) + len(f.bad) for f in bad.values())
+            # Everything before it is forwarded or quarantined: aiokafka could read
+            # nothing more of that batch, so the partition reads on after it.
+            decided.commits[tp] = fetched.next_offsets[tp] if until is None else until
+        self.blocked.update(self.consumer, decided.blocked, fetched.records.keys())
+        size = sum(map(len, fetched.records.values()))
         try:
-            await self.checkpoint.then(self._finish(decided, started, size), member)
+            await self.checkpoint.then(self._finish(decided, started, size), fetched.member)
         except StepAborted:
             await self._read_again()
-            return False
-        return True
+            return set(fetched.records)
+        return set(decided.blocked)
 
     async def _finish(
         self, decided: Decided, started: float, size: int

@@ -1,17 +1,16 @@
-"""Delay tiers as pure rules: their names and topics, which tier a wait takes, due times."""
+"""Delay tiers as pure rules: their names and topics, which tier a wait takes, due times,
+and what a tier record's headers say (`read_tier_record`)."""
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from gateway.config import Settings, parse_duration
-from gateway.contract.records import (
-    H_TIER_AT,
-    Headers,
-)
+from gateway.contract.records import H_DELIVER_AT, H_TIER_AT, H_WINDOW, Headers
 from gateway.errors import BadRecord
 
 _EPOCH_MS = re.compile(rb"\d{1,15}")  # up to year 33658: larger is not a time
@@ -96,7 +95,30 @@ def requested_due(
     return due
 
 
-def _int_header(headers: Headers, name: str) -> int:
+@dataclass(frozen=True, slots=True)
+class TierRecord:
+    """What a tier record's headers say: when it is due, when it takes its next step,
+    and whether it waits for its coalescing window's close."""
+
+    due_ms: int
+    step_ms: int
+    window: bool
+
+
+def read_tier_record(headers: Headers, tier_ms: int, now_ms: int, max_ahead_ms: int) -> TierRecord:
+    """A tier record in a tier of `tier_ms`, read at `now_ms`. Raises ValueError when its
+    headers were not written by a gateway, BadRecord (`delay_too_long`) when it is due
+    more than `max_ahead_ms` from now (written under another `max_delay`, or by
+    another writer: cycled through the largest tier, it would outlive its mark)."""
+    due = epoch_ms_header(headers, H_DELIVER_AT)
+    if due - now_ms > max_ahead_ms:
+        raise BadRecord("delay_too_long", f"due {(due - now_ms) / 1000:.0f}s from now")
+    step = next_step_ms(epoch_ms_header(headers, H_TIER_AT), tier_ms, due)
+    return TierRecord(due, step, any(k == H_WINDOW for k, _ in headers))
+
+
+def epoch_ms_header(headers: Headers, name: str) -> int:
+    """The first `name` header as epoch milliseconds; ValueError when none or not that."""
     for key, value in headers:
         if key == name:
             if value is None or not _EPOCH_MS.fullmatch(value):
@@ -105,7 +127,7 @@ def _int_header(headers: Headers, name: str) -> int:
     raise ValueError(f"no {name} header")
 
 
-def _replace_tier_at(headers: Headers, tier_at_ms: int | None) -> list[tuple[str, bytes]]:
+def replace_tier_at(headers: Headers, tier_at_ms: int | None) -> list[tuple[str, bytes]]:
     """`headers` without `dedup-tier-at`, plus a new one when `tier_at_ms` is given."""
     kept = [(k, v) for k, v in headers if k != H_TIER_AT]
     if tier_at_ms is not None:

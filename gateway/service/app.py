@@ -59,8 +59,6 @@ class Connected:
 
     source: RawSource
     failures: FailureLoop
-    commands: AIOKafkaConsumer
-    raw_reader: AIOKafkaConsumer
     delay: DelayLoop | None
     lanes: LaneScheduler
 
@@ -126,9 +124,7 @@ class Gateway:
             source, lanes = running.source, running.lanes
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(source.run(stop))
-                tasks.create_task(
-                    running.failures.run(running.commands, RawFetcher(running.raw_reader), stop)
-                )
+                tasks.create_task(running.failures.run(stop))
                 tasks.create_task(self._report_readiness(stop))
                 if running.delay is not None:
                     tasks.create_task(running.delay.run(stop))
@@ -210,16 +206,18 @@ class Gateway:
         if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
             await lanes.first_read(consumer)
 
-        failures = FailureLoop(settings, self.quorum, sink, metrics)
         commands = build_consumer(kafka, f"{kafka.group_id}.failures")
         await commands.start()
         consumers.append(commands)
-        commands.subscribe([kafka.failure_topic], listener=failures.listener())
         raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
         await raw_reader.start()
         consumers.append(raw_reader)
+        failures = FailureLoop(
+            settings, self.quorum, sink, metrics, commands, RawFetcher(raw_reader)
+        )
+        commands.subscribe([kafka.failure_topic], listener=failures.listener())
         self.source = source
-        return Connected(source, failures, commands, raw_reader, delay, lanes)
+        return Connected(source, failures, delay, lanes)
 
     async def _exactly_once(self, producer: AIOKafkaProducer) -> bool:
         """Whether `[kafka] exactly_once` resolves on for this broker; ConfigError when

@@ -31,10 +31,11 @@ from devtools.harness import (
 from devtools.topics import read_topic, wait_committed
 from gateway.config import Settings
 from gateway.contract.tokens import mark_digest
-from gateway.delay.coalescer import now_ms, version
+from gateway.delay.coalescer import now_ms
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
+from gateway.rules.windows import version
 from tests.conftest import redis_urls
 from tests.integration.test_delay import TIERS, create_all, poll, reading
 

@@ -143,7 +143,7 @@ def _stopped(pid: int) -> bool:
         return stat.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-ASSIGNED = re.compile(r"gateway.kafka.offsets partitions assigned: (.*)")  # the raw group's
+ASSIGNED = re.compile(r"gateway.kafka.rebalance partitions assigned: (.*)")  # the raw group's
 
 
 async def test_a_static_member_restarted_within_its_session_takes_its_partitions_back(

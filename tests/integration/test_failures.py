@@ -283,10 +283,12 @@ async def test_a_raw_fetch_outlasting_its_deadline_is_retried_later_not_called_g
     raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
     for client in (producer, commands, raw_reader):
         await client.start()
-    loop = FailureLoop(settings, quorum, producer, metrics)
+    loop = FailureLoop(
+        settings, quorum, producer, metrics, commands, RawFetcher(raw_reader, deadline_s=0.5)
+    )
     commands.subscribe([kafka.failure_topic], listener=loop.listener())
     stop = asyncio.Event()
-    task = asyncio.create_task(loop.run(commands, RawFetcher(raw_reader, deadline_s=0.5), stop))
+    task = asyncio.create_task(loop.run(stop))
     try:
         await produce(bootstrap, topics.failures, [failure_command(first, "boom")])
         await eventually(lambda: counter_value(metrics.releases, "released") == 1)

@@ -28,9 +28,11 @@ from devtools.harness import (
 from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.contract.records import H_DELIVER_AT, H_ID, H_TIER_AT
 from gateway.delay.coalescer import now_ms
-from gateway.failures import loop as loop_module
+from gateway.failures.fetch_back import RawFetcher
 from gateway.failures.loop import FailureLoop
+from gateway.kafka import salvage as salvage_module
 from gateway.kafka.clients import build_consumer, build_producer
+from gateway.kafka.salvage import EMPTY_WAIT_S, Fetched, Salvage
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
@@ -144,14 +146,14 @@ async def test_a_tier_record_due_beyond_max_delay_is_quarantined_not_cycled_in_t
     assert f"quarantined tier record {tier}/0/0: delay_too_long" in caplog.text
 
 
-async def test_a_revoke_while_reading_past_a_bad_command_leaves_the_commands_to_be_read_again(
+async def test_a_revoke_while_reading_past_a_bad_command_waits_for_what_was_read(
     broker, redis_servers, names, monkeypatch
 ):
-    """The failure loop reads past a command it cannot parse with no lock against a
-    revoke. A revoke during that read drops the partition's scheduled retries; the
-    commands read must then be left to be read again from the commits, not handled
-    into a new state of the revoked partition (which was committed past the dropped
-    retries: chaos seed 9709, retry mode, ids never retried)."""
+    """The failure loop reads past a command it cannot parse under its lock, as every
+    loop on the skeleton does: a revoke that comes during the lenient read waits until
+    what was read is handled, then drops the partition's state. Handled after the
+    revoke, it would have made the revoked partition's state anew and committed it
+    past retries the revoke dropped (chaos seed 9709, retry mode, ids never retried)."""
     topics = Topics(names)
     await topics.create(broker, raw_partitions=1, clean_partitions=1)
     settings = make_settings(broker, topics, redis_urls(redis_servers(1)))
@@ -161,7 +163,8 @@ async def test_a_revoke_while_reading_past_a_bad_command_leaves_the_commands_to_
     commands = build_consumer(kafka, f"{kafka.group_id}.failures")
     await producer.start()
     await commands.start()
-    loop = FailureLoop(settings, quorum, producer, metrics)
+    # Its fetcher reads raw records back for due retries: none come due here.
+    loop = FailureLoop(settings, quorum, producer, metrics, commands, RawFetcher(commands))
     listener = loop.listener()
     commands.subscribe([kafka.failure_topic], listener=listener)
     try:
@@ -183,18 +186,111 @@ async def test_a_revoke_while_reading_past_a_bad_command_leaves_the_commands_to_
         with pytest.raises(UnicodeDecodeError) as failed:
             for _ in range(100):
                 await commands.getmany(tp, timeout_ms=100)
-        read_leniently = loop_module.fetch_past_bad_headers
+        events: list[str] = []
+        read, take, forget = salvage_module.read_past_bad_headers, loop.take, loop.forget
+        revoking: list[asyncio.Task[None]] = []
 
         async def revoked_meanwhile(*args, **kwargs):
-            found = await read_leniently(*args, **kwargs)
-            await listener.on_partitions_revoked(set(commands.assignment()))
+            found = await read(*args, **kwargs)
+            events.append("read")
+            revoking.append(
+                asyncio.create_task(listener.on_partitions_revoked(set(commands.assignment())))
+            )
             return found
 
-        monkeypatch.setattr(loop_module, "fetch_past_bad_headers", revoked_meanwhile)
-        await loop._salvage(commands, failed.value, asyncio.Event())
-        assert len(loop.due) == 0 and not loop.book.parts, "handled after the revoke"
-        assert await commands.committed(tp) is None
+        async def taken(fetched):
+            stopped = await take(fetched)
+            events.append("taken")
+            return stopped
+
+        def forgotten(partitions):
+            events.append("revoked")
+            forget(partitions)
+
+        monkeypatch.setattr(salvage_module, "read_past_bad_headers", revoked_meanwhile)
+        loop.forget = forgotten  # type: ignore[method-assign]
+        listener.forget = forgotten
+        async with loop.loop.lock:
+            await loop.loop.salvage(failed.value, 500, taken)
+        await revoking[0]
+        assert events == ["read", "taken", "revoked"]
+        assert len(loop.due) == 0 and not loop.book.parts
+        assert counter_value(metrics.invalid_commands, "bad_header") == 1
     finally:
         await commands.stop()
         await producer.stop()
         await quorum.close()
+
+
+async def test_a_salvage_reads_on_towards_a_bad_record_beyond_max_records(broker, names):
+    """Issue 41: a lenient read that found no unparseable record within `max_records`
+    of where the loop stands (here 2, with 3 batches before the bad one) took nothing,
+    counted a failure and backed the loop off, at every try: the partition never got
+    past it. Now the records read are taken, the partition reads on after them, and
+    the next salvage meets the bad record."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1)
+    tp = TopicPartition(topics.raw, 0)
+    for i in range(3):  # a batch each
+        await produce(broker, topics.raw, [copy_of(f"g-{i}")], partition=0)
+    await produce_raw_batch(
+        broker, topics.raw, 0, batch_with_bad_header_name([copy_of("c-3"), copy_of("c-4")], bad=1)
+    )
+    settings = make_settings(broker, topics, ["redis://127.0.0.1:1"])
+    consumer = build_consumer(settings.kafka, f"{topics.group}.salvage")  # no commits yet
+    await consumer.start()
+    consumer.assign([tp])
+    stands: dict[TopicPartition, int] = {}
+    salvage = Salvage(consumer, settings.kafka, "raw", stands.get, stands.__setitem__)
+    taken: list[tuple[list[int], dict[int, int]]] = []
+
+    async def take(fetched: Fetched) -> set[TopicPartition]:
+        taken.append(([r.offset for r in fetched.records[tp]], dict(fetched.bad.get(tp, {}))))
+        return set()
+
+    try:
+        with pytest.raises(UnicodeDecodeError) as failed:
+            for _ in range(100):
+                await consumer.getmany(tp, timeout_ms=100, max_records=10)
+        assert await salvage(failed.value, 2, take) == 0
+        assert await salvage(failed.value, 2, take) == 0
+        assert taken == [([0, 1], {}), ([2, 3, 4], {4: 1})]
+        assert stands[tp] == 5 and await consumer.position(tp) == 5
+    finally:
+        await consumer.stop()
+
+
+async def test_a_salvage_that_finds_its_partition_paused_holds_the_loop_back_little(broker, names):
+    """Issue 41: a block can pause the partition holding the bad record between the
+    failed fetch and the lenient read, which then reads nothing: the raw loop counted a
+    failure and slept, doubling up to 30 s, whole, even once the quorum was back. Now
+    it waits at most `EMPTY_WAIT_S`'s last, and reads the partition when it resumes."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1)
+    tp = TopicPartition(topics.raw, 0)
+    await produce_raw_batch(
+        broker, topics.raw, 0, batch_with_bad_header_name([copy_of("c-0"), copy_of("c-1")], bad=1)
+    )
+    settings = make_settings(broker, topics, ["redis://127.0.0.1:1"])
+    consumer = build_consumer(settings.kafka, f"{topics.group}.salvage")  # no commits yet
+    await consumer.start()
+    consumer.assign([tp])
+    salvage = Salvage(consumer, settings.kafka, "raw")
+    taken: list[Fetched] = []
+
+    async def take(fetched: Fetched) -> set[TopicPartition]:
+        taken.append(fetched)
+        return set()
+
+    try:
+        with pytest.raises(UnicodeDecodeError) as failed:
+            for _ in range(100):
+                await consumer.getmany(tp, timeout_ms=100)
+        consumer.pause(tp)  # blocked meanwhile
+        waits = [await salvage(failed.value, 500, take) for _ in range(8)]
+        assert not taken and max(waits) <= EMPTY_WAIT_S[1]
+        consumer.resume(tp)  # the block ends: the record is read past at once
+        assert await salvage(failed.value, 500, take) == 0
+        assert [r.offset for r in taken[0].records[tp]] == [0, 1] and taken[0].bad[tp] == {1: 1}
+    finally:
+        await consumer.stop()

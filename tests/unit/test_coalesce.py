@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import ConfigError, load_settings
-from gateway.delay.coalescer import (
+from gateway.rules.windows import (
     ASK_AGAIN_MS,
     Verdict,
     WindowShape,
