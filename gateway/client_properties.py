@@ -117,8 +117,11 @@ def for_family(properties: dict[str, ClientValue], family: str) -> dict[str, str
 
 
 def masked(properties: dict[str, ClientValue]) -> dict[str, ClientValue]:
-    """The table with secret values shown as `***` (check-config, logs)."""
+    """The table with secret values shown as `***` (check-config, logs); the token
+    command too: its arguments may carry a credential."""
     return {
-        name: "***" if name == TOKEN_STATIC or any(w in name for w in _SECRET_WORDS) else value
+        name: "***"
+        if name in (TOKEN_STATIC, TOKEN_COMMAND) or any(w in name for w in _SECRET_WORDS)
+        else value
         for name, value in properties.items()
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import UrlConstraints
@@ -30,13 +31,21 @@ def member_name(url: MultiHostUrl) -> str:
     return f"cluster:{where}" if is_cluster(url) else f"{where}{url.path or ''}"
 
 
-def masked(url: MultiHostUrl) -> str:
-    """The URL with its password replaced by `***`."""
+# Query parameters that carry a secret: redis-py authenticates with `?password=`.
+_SECRET_QUERY = re.compile(r"(?i)([?&][^=&#]*(?:password|secret|token)[^=&#]*=)[^&#]*")
+
+
+def masked(url: MultiHostUrl | str) -> str:
+    """The URL with its password, in the user part or the query (`?password=`),
+    replaced by `***`: how every printed or logged URL is shown."""
     text = str(url)
-    for host in url.hosts():
-        if host["password"]:
-            text = text.replace(f":{host['password']}@", ":***@", 1)
-    return text
+    if not isinstance(url, str):
+        for host in url.hosts():
+            if host["password"]:
+                text = text.replace(f":{host['password']}@", ":***@", 1)
+    else:
+        text = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", text)
+    return _SECRET_QUERY.sub(r"\1***", text)
 
 
 def check_member_url(url: MultiHostUrl) -> None:

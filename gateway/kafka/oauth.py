@@ -63,8 +63,12 @@ class CommandToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is 
             await proc.wait()
             raise TokenError(f"{TOKEN_COMMAND} took over {COMMAND_TIMEOUT_S:.0f}s") from None
         if proc.returncode != 0 or not out.strip():
-            detail = err.decode(errors="replace").strip()[:200]
-            raise TokenError(f"{TOKEN_COMMAND} exited {proc.returncode}: {detail}")
+            # Its output is not shown: a token command's stderr can echo the credential.
+            raise TokenError(
+                f"{TOKEN_COMMAND} exited {proc.returncode} with "
+                f"{'no token' if proc.returncode == 0 else 'an error'} ({len(err)} bytes on "
+                "stderr, not shown: run the command by hand to see them)"
+            )
         return out.decode().strip()
 
 

@@ -61,6 +61,23 @@ def test_check_config_reads_gateway_config_when_no_config_is_given_and_masks_sec
     assert "kafka-secret" not in text and "redis-secret" not in text
 
 
+def test_check_config_masks_a_query_password_and_the_token_command(tmp_path, capsys):
+    """A Redis password given as `?password=` (redis-py authenticates with it) and the
+    OAUTHBEARER token command (its arguments may carry a credential) were printed."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        '[kafka]\nraw_topics = ["orders"]\nsecurity_protocol = "SASL_SSL"\n'
+        '[kafka.client]\n"sasl.mechanism" = "OAUTHBEARER"\n'
+        '"sasl.oauthbearer.token.command" = "fetch-token --secret cmd-secret"\n'
+        '[redis]\nnodes = ["redis://127.0.0.1:1/0?password=query-secret"]\n'
+    )
+    for output in ("json", "text"):
+        assert main(["check-config", "--config", str(path), "--output", output]) == 0
+        out = capsys.readouterr().out
+        assert "query-secret" not in out and "cmd-secret" not in out, out
+        assert "password=***" in out
+
+
 def test_check_config_exits_2_with_one_line_naming_the_bad_setting(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('[redis]\nttl = "forever"\n')

@@ -20,6 +20,11 @@ def test_members_are_named_without_their_password() -> None:
     assert member_name(cluster) == "cluster:c1:7000"
     assert "s3cret" not in masked(plain) and "s3cret" not in masked(cluster)
     assert masked(cluster).startswith("rediss+cluster://gw:***@c1:7000,c2:7001")
+    query = URL.validate_python("redis://r1:6380/0?password=q-s3cret&ssl_cert_reqs=none")
+    assert masked(query) == "redis://r1:6380/0?password=***&ssl_cert_reqs=none"
+    assert (
+        masked("redis://gw:s3cret@r1:6380/0?Password=q") == "redis://gw:***@r1:6380/0?Password=***"
+    )
 
 
 def test_a_standalone_member_is_one_group_under_the_plain_prefix() -> None:
