@@ -336,6 +336,21 @@ class Quorum:
             await self.refresh_epochs()
         return out
 
+    async def settle(
+        self,
+        repairs: Sequence[list[tuple[bytes, str, str]]],
+        fills: Sequence[Iterable[Fill]],
+    ) -> bool:
+        """After a vote (`rules.vote.tally`): repair the marks that differ from the
+        winner, queue the winner's marks for the members that gave no answer, and note
+        them behind. False when that note did not stand: the batch must be tried again."""
+        repairing, filling = any(repairs), any(fills)
+        if repairing:
+            await self.repair(repairs)  # what gets no answer is queued as fills
+        if filling:
+            self.queue_fills(fills)
+        return not (repairing or filling) or await self.note_behind()
+
     async def note_behind(self) -> bool:
         """Note, on the other members, every member this run holds fills for
         (gateway/quorum/behind.py), after the vote queued them and before its batch is

@@ -38,9 +38,7 @@ from gateway.quorum.quorum import Quorum
 from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
 from gateway.rules.ids import build_extractor
 from gateway.rules.lanes import lane_headers
-from gateway.rules.vote import MINE, TOOK_OVER, Outcome, Reply, decide, holder
-
-FORWARD, DUPLICATE = Outcome.FORWARD, Outcome.DUPLICATE
+from gateway.rules.vote import Outcome, tally
 
 logger = logging.getLogger(__name__)
 
@@ -236,62 +234,10 @@ class Pipeline:
             return [Outcome.FORWARD] * len(ids)
         digests = mark_digests(ids)
         replies = await self.quorum.claim(digests, owners)
-        counted = self.quorum.counted()
-        masked = not all(counted)  # a recovering member answers, but its answers do not count
-        quorum, trusted = self.quorum.majority, sum(counted)
-        repairs: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
-        fills: list[list[tuple[bytes, str, str]]] = [[] for _ in replies]
-
-        def settle(k: int, row: Sequence[Reply]) -> Outcome:
-            """Record k by the rule (`decide`), with its repairs and fills."""
-            owner = owners[k]
-            votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
-            decision = decide(owner, votes, quorum, trusted)
-            if decision.winner is not None:
-                for i, reply in enumerate(row):
-                    if reply is None:
-                        fills[i].append((digests[k], decision.winner, owner))
-                        continue
-                    seen = holder(owner, reply)
-                    if seen != decision.winner:
-                        repairs[i].append((digests[k], seen, decision.winner))
-            return decision.outcome
-
-        # The common cases need no counting, and leave nothing to repair: a record every
-        # counted member holds for it is forwarded, one every member holds for one
-        # other owner (a live one or a tombstone, not taken over) is a duplicate.
-        size = len(replies)
-        first = replies[0]
-        if not masked and replies.count(first) == size:  # every member answered alike
-            outcomes: list[Outcome | None] = [
-                FORWARD if r == MINE else DUPLICATE if type(r) is str and r[0] != TOOK_OVER
-                else None for r in first
-            ]  # fmt: skip
-            if None in outcomes:  # no answer, or taken over a tombstone: by the rule
-                for k, outcome in enumerate(outcomes):
-                    if outcome is None:
-                        outcomes[k] = settle(k, (first[k],) * size)
-        else:
-            outcomes = []
-            all_mine = (MINE,) * size
-            for k, row in enumerate(zip(*replies, strict=True)):
-                if not masked:
-                    if row == all_mine:
-                        outcomes.append(FORWARD)
-                        continue
-                    held = row[0]
-                    if type(held) is str and held[0] != TOOK_OVER and row.count(held) == size:
-                        outcomes.append(DUPLICATE)
-                        continue
-                outcomes.append(settle(k, row))
-        repairing, filling = any(repairs), any(fills)
-        if repairing:
-            await self.quorum.repair(repairs)  # what gets no answer is queued as fills
-        if filling:
-            self.quorum.queue_fills(fills)
-        if (repairing or filling) and not await self.quorum.note_behind():
+        voted = tally(digests, owners, replies, self.quorum.counted(), self.quorum.majority)
+        if not await self.quorum.settle(voted.repairs, voted.fills):
             return [Outcome.RETRY] * len(ids)  # a stop would leave no trace of the fills
-        return cast(list[Outcome], outcomes)  # every None was settled
+        return voted.outcomes
 
     async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:
         """Produce and wait for the broker's acknowledgement of every record."""

@@ -35,6 +35,10 @@ until a rebuild, blocking their partitions (found by the chaos schedule, seed
 answer, its fill still queued) while the third lost its data, a later copy
 can win the tie: two members' faults at once, beyond the one-member
 guarantee, and the same tie rule `dedup-gateway rebuild` applies.
+
+`tally` is the vote over a whole claimed batch: each record's outcome, the marks to
+repair towards the winner and the winner's marks to fill on members that gave no
+answer (the data path hands those to `Quorum.settle`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import enum
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from gateway.contract.tokens import TOMBSTONE
 
@@ -111,3 +116,78 @@ def leader(owners: Mapping[str, int], released: Iterable[str] = ()) -> tuple[str
         owners.items(),
         key=lambda item: (item[0][:1] == TOMBSTONE, -item[1], len(item[0]), item[0]),
     )
+
+
+FORWARD, DUPLICATE = Outcome.FORWARD, Outcome.DUPLICATE
+# Per member: (digest, the owner it holds, the winner) to repair, or (digest, the
+# winner, the record's own owner) to fill.
+Marks = list[list[tuple[bytes, str, str]]]
+
+
+@dataclass(slots=True)
+class Tally:
+    """A claimed batch decided: each record's outcome, and per member what to repair
+    and what to fill."""
+
+    outcomes: list[Outcome]
+    repairs: Marks
+    fills: Marks
+
+
+def tally(
+    digests: Sequence[bytes],
+    owners: Sequence[str],
+    replies: Sequence[Sequence[Reply]],
+    counted: Sequence[bool],
+    quorum: int,
+) -> Tally:
+    """Decide every record of a batch (`decide`) from `replies` (per member, per
+    record); a member not `counted` (it lost its marks) answers, but does not count."""
+    masked = not all(counted)
+    trusted = sum(counted)
+    repairs: Marks = [[] for _ in replies]
+    fills: Marks = [[] for _ in replies]
+
+    def settle(k: int, row: Sequence[Reply]) -> Outcome:
+        """Record k by the rule (`decide`), with its repairs and fills."""
+        owner = owners[k]
+        votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
+        decision = decide(owner, votes, quorum, trusted)
+        if decision.winner is not None:
+            for i, reply in enumerate(row):
+                if reply is None:
+                    fills[i].append((digests[k], decision.winner, owner))
+                    continue
+                seen = holder(owner, reply)
+                if seen != decision.winner:
+                    repairs[i].append((digests[k], seen, decision.winner))
+        return decision.outcome
+
+    # The common cases need no counting, and leave nothing to repair: a record every
+    # counted member holds for it is forwarded, one every member holds for one
+    # other owner (a live one or a tombstone, not taken over) is a duplicate.
+    size = len(replies)
+    first = replies[0]
+    outcomes: list[Outcome | None]
+    if not masked and replies.count(first) == size:  # every member answered alike
+        outcomes = [
+            FORWARD if r == MINE else DUPLICATE if type(r) is str and r[0] != TOOK_OVER
+            else None for r in first
+        ]  # fmt: skip
+        for k, outcome in enumerate(outcomes):
+            if outcome is None:  # no answer, or taken over a tombstone: by the rule
+                outcomes[k] = settle(k, (first[k],) * size)
+    else:
+        outcomes = []
+        all_mine = (MINE,) * size
+        for k, row in enumerate(zip(*replies, strict=True)):
+            if not masked:
+                if row == all_mine:
+                    outcomes.append(FORWARD)
+                    continue
+                held = row[0]
+                if type(held) is str and held[0] != TOOK_OVER and row.count(held) == size:
+                    outcomes.append(DUPLICATE)
+                    continue
+            outcomes.append(settle(k, row))
+    return Tally(cast(list[Outcome], outcomes), repairs, fills)  # every None was settled

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devtools.harness import Topics, make_settings
 from gateway.contract.tokens import mark_digest
-from gateway.metrics import Metrics
-from gateway.raw.pipeline import Pipeline
-from gateway.rules.vote import MINE, Decision, Outcome, decide
+from gateway.rules.vote import MINE, Decision, Outcome, decide, holder, tally
 
 N = st.sampled_from([1, 3, 5, 7])
 TOKENS = st.sampled_from(["11", "22", "333", "4"])
@@ -113,32 +108,6 @@ def test_an_answer_not_counted_never_makes_a_majority():
     assert decide("11", [MINE, None, None], 2, counted=1).outcome is Outcome.UNDECIDED
 
 
-class _FixedReplies:
-    """A Quorum stand-in for `Pipeline.vote`: three members, all counted, fixed replies."""
-
-    majority = 3 // 2 + 1
-
-    def __init__(self, rows):
-        self.rows = rows
-        self.repaired: list[bytes] = []
-        self.filled: list[bytes] = []
-
-    async def claim(self, digests, owners):
-        return [list(member) for member in zip(*self.rows, strict=True)]
-
-    def counted(self):
-        return [True, True, True]
-
-    async def repair(self, per_member):
-        self.repaired += [digest for todo in per_member for digest, _, _ in todo]
-
-    def queue_fills(self, per_member):
-        self.filled += [digest for todo in per_member for digest, _, _ in todo]
-
-    async def note_behind(self):
-        return True  # the notes stand (tests/integration/test_repair_queue.py: when not)
-
-
 # What a member may answer a claim by "9": nothing, mine, another owner, a tombstone
 # (to the released record itself: "-9"), or mine over another's tombstone.
 REPLIES = st.one_of(st.none(), st.just(MINE), TOKENS, st.sampled_from(["-9", "-11", "=11", "=22"]))
@@ -178,18 +147,47 @@ ROWS = st.one_of(
 )
 
 
-@given(ROWS)
-def test_the_data_paths_vote_decides_every_row_as_decide_does(rows):
-    """`Pipeline.vote` skips the counting for unanimous rows (and for a batch every
-    member answered alike): the outcomes are still `decide`'s, and a row held by one
-    other owner everywhere is neither repaired nor filled."""
-    settings = make_settings("127.0.0.1:1", Topics(lambda n: n), ["redis://a", "redis://b",
-                                                                   "redis://c"])  # fmt: skip
-    quorum = _FixedReplies([tuple(row) for row in rows])
-    pipeline = Pipeline(settings, quorum, None, Metrics())  # type: ignore[arg-type]
+def _tallied(rows, counted):
     ids = [f"id-{n}".encode() for n in range(len(rows))]
-    outcomes = asyncio.run(pipeline.vote(ids, ["9"] * len(rows)))
-    assert outcomes == [decide("9", row, 2, 3).outcome for row in rows]
+    replies = [list(member) for member in zip(*rows, strict=True)]
+    return ids, tally([mark_digest(i) for i in ids], ["9"] * len(rows), replies, counted, 2)
+
+
+@given(ROWS)
+def test_the_batch_tally_decides_every_row_as_decide_does(rows):
+    """`tally` skips the counting for unanimous rows (and for a batch every member
+    answered alike): the outcomes are still `decide`'s, and a row held by one other
+    owner everywhere is neither repaired nor filled."""
+    ids, voted = _tallied(rows, [True, True, True])
+    assert voted.outcomes == [decide("9", row, 2, 3).outcome for row in rows]
     unanimous = {mark_digest(i) for i, row in zip(ids, rows, strict=True)
                  if row[0] not in (None, MINE) and row.count(row[0]) == 3}  # fmt: skip
-    assert not unanimous & {*quorum.repaired, *quorum.filled}
+    touched = {digest for member in [*voted.repairs, *voted.fills] for digest, _, _ in member}
+    assert not unanimous & touched
+
+
+@given(ROWS, st.lists(st.booleans(), min_size=3, max_size=3))
+def test_a_tally_decides_on_the_counted_members_and_fills_only_those_that_gave_no_answer(
+    rows, counted
+):
+    """A member not counted (it lost its marks) answers but does not count: each row
+    is `decide` on the counted answers. A decided row's winner is filled on every
+    member that gave no answer, and repaired on every one that holds another owner."""
+    ids, voted = _tallied(rows, counted)
+    votes = [[r if c else None for r, c in zip(row, counted, strict=True)] for row in rows]
+    decisions = [decide("9", v, 2, sum(counted)) for v in votes]
+    assert voted.outcomes == [d.outcome for d in decisions]
+    for k, (row, decision) in enumerate(zip(rows, decisions, strict=True)):
+        digest = mark_digest(ids[k])
+        for member, reply in enumerate(row):
+            filled = [m for m in voted.fills[member] if m[0] == digest]
+            repaired = [m for m in voted.repairs[member] if m[0] == digest]
+            if decision.winner is None:
+                assert not filled and not repaired
+            elif reply is None:
+                assert filled == [(digest, decision.winner, "9")] and not repaired
+            else:
+                seen = holder("9", reply)
+                assert not filled
+                assert repaired == ([] if seen == decision.winner
+                                    else [(digest, seen, decision.winner)])  # fmt: skip
