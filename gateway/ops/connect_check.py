@@ -19,6 +19,7 @@ One `Finding` per check, worst first in the exit code (`exit_code`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from gateway.member_urls import member_name
 from gateway.ops.broker import reaching_broker
 from gateway.ops.topics import TopicSpec, admin_client, existing_topics, needed_topics
 from gateway.quorum import scripts
+from gateway.quorum.identity import describe, run_id_of, shared
 from gateway.quorum.members import client_for, node_client_for
 
 CHECK_TIMEOUT_S = 5.0
@@ -124,10 +126,13 @@ return denied
 
 async def check(settings: Settings, timeout_s: float = CHECK_TIMEOUT_S) -> list[Finding]:
     """Every finding, Redis members first, then the broker."""
+    run_ids: dict[str, str | None] = {}
     members = await asyncio.gather(
-        *(_check_member(url, settings, timeout_s) for url in settings.redis.nodes)
+        *(_check_member(url, settings, timeout_s, run_ids) for url in settings.redis.nodes)
     )
     findings = [f for found in members for f in found]
+    for names in shared(run_ids):
+        findings.append(error("redis", describe([names]).removeprefix("redis.nodes: ")))
     reached = sum(1 for found in members if all(f.severity < Severity.ERROR for f in found))
     if reached < settings.quorum:
         findings.append(
@@ -141,11 +146,20 @@ async def check(settings: Settings, timeout_s: float = CHECK_TIMEOUT_S) -> list[
     return findings
 
 
-async def _check_member(url: MultiHostUrl, settings: Settings, timeout_s: float) -> list[Finding]:
+async def _check_member(
+    url: MultiHostUrl, settings: Settings, timeout_s: float, run_ids: dict[str, str | None]
+) -> list[Finding]:
+    """The member's findings; its run_id into `run_ids` (a standalone member's)."""
     where = f"redis {member_name(url)}"
     client = client_for(url, timeout_s)
     try:
-        return await asyncio.wait_for(_member_findings(client, url, settings, where), timeout_s * 3)
+        found = await asyncio.wait_for(
+            _member_findings(client, url, settings, where), timeout_s * 3
+        )
+        if not isinstance(client, RedisCluster) and all(f.severity < Severity.ERROR for f in found):
+            with contextlib.suppress(RedisError, OSError):
+                run_ids[member_name(url)] = run_id_of(await client.info("server"))
+        return found
     except TimeoutError:
         return [error(where, f"no answer within {timeout_s * 3:.0f}s")]
     finally:

@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from gateway.config import RedisSettings
-from gateway.errors import CredentialsRefused
+from gateway.errors import ConfigError, CredentialsRefused
 from gateway.member_urls import is_cluster, member_name
 from gateway.metrics import Metrics
 from gateway.quorum import scripts
@@ -40,6 +40,7 @@ from gateway.quorum.behind import Behind
 from gateway.quorum.catchup import CatchUp
 from gateway.quorum.epochs import Epochs
 from gateway.quorum.fills import Fills
+from gateway.quorum.identity import describe, run_id_of, shared
 from gateway.quorum.keys import handover_key
 from gateway.quorum.link import Fill, MemberLink
 from gateway.quorum.members import Group, client_for, groups_for
@@ -163,7 +164,10 @@ class Quorum:
         Tries every `retry_s` (a member that comes back is used at once), but says
         so in one WARNING line at a falling rate (`FallingReport`: at once, then
         after 2, 4, 8 ... seconds, at most every `report_max_s`). Raises
-        `CredentialsRefused` when any member refuses the URL's credentials.
+        `CredentialsRefused` when members refuse the URL's credentials and too few
+        answer for a majority (with a majority answering, it serves, an ERROR per
+        member refusing); `ConfigError` when members that answer are one
+        redis-server (the same run_id).
         """
         report = FallingReport(retry_s, report_max_s)
         while not stop.is_set():
@@ -172,7 +176,8 @@ class Quorum:
             failed = {inst.name: inst.failure for inst in self.members if inst.failure}
             refused = [f"{name} ({detail})" for name, (kind, detail) in failed.items()
                        if kind == "auth"]  # fmt: skip
-            if refused:
+            answering = self.size - len(failed)
+            if refused and answering < self.majority:
                 raise CredentialsRefused(
                     "redis.nodes: credentials refused by "
                     + ", ".join(refused)
@@ -180,7 +185,13 @@ class Quorum:
                 )
             down = [f"{name} ({kind}: {detail})" for name, (kind, detail) in failed.items()]
             names = {"redis": ", ".join(failed)}
-            if self.size - len(failed) >= self.majority:
+            if answering >= self.majority:
+                await self._refuse_one_server()
+                for name, (kind, detail) in failed.items():
+                    if kind == "auth":  # a password rotated on one member: serve, say so
+                        logger.error("Redis member %s refuses the URL's credentials (%s): "
+                                     "serving without it; fix its user and password",
+                                     name, detail, extra={"redis": name})  # fmt: skip
                 if down:
                     logger.warning("serving with Redis members unreachable: %s",
                                    ", ".join(down), extra=names)  # fmt: skip
@@ -193,6 +204,23 @@ class Quorum:
                     retry_s, report.every, extra=names,
                 )  # fmt: skip
             await wait_or_stop(stop, retry_s)
+
+    async def _refuse_one_server(self) -> None:
+        """Raise ConfigError when members that answer are one redis-server
+        (gateway/quorum/identity.py)."""
+        infos = await asyncio.gather(*(
+            inst.timed("info", partial(inst.client.info, "server"))
+            for inst in self.members if inst.up and not inst.cluster
+        ))  # fmt: skip
+        named = [i.name for i in self.members if i.up and not i.cluster]
+        groups = shared(dict(zip(named, map(run_id_of, infos), strict=True)))
+        if groups:
+            raise ConfigError(describe(groups))
+
+    def not_answering(self) -> str:
+        """For /readyz while ready: the members that do not answer, and why."""
+        out = [f"{i.name} ({i.failure[0]})" for i in self.members if not i.up and i.failure]
+        return f"; not answering: {', '.join(out)}" if out else ""
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Until `stop`: every `[redis] ping_interval`, `check` every member. Without

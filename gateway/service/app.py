@@ -100,7 +100,7 @@ class Gateway:
             return False, f"{len(self.blocked)} partition(s) blocked on undecided votes"
         if self.source is None:
             return False, "starting"
-        return True, "ready"
+        return True, "ready" + self.quorum.not_answering()
 
     async def run(self, stop: asyncio.Event) -> None:
         kafka = self.settings.kafka
