@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+from redis.exceptions import RedisError
+
 from gateway.config import RedisSettings
 from gateway.errors import ConfigError, CredentialsRefused
 from gateway.member_urls import is_cluster, member_name
@@ -208,11 +210,16 @@ class Quorum:
     async def _refuse_one_server(self) -> None:
         """Raise ConfigError when members that answer are one redis-server
         (gateway/quorum/identity.py)."""
-        infos = await asyncio.gather(*(
-            inst.timed("info", partial(inst.client.info, "server"))
-            for inst in self.members if inst.up and not inst.cluster
-        ))  # fmt: skip
+
+        async def info(inst: MemberLink) -> object:
+            # Not `timed`: an ACL without INFO must not count the member as failing.
+            try:
+                return await asyncio.wait_for(inst.client.info("server"), self.timeout)
+            except (TimeoutError, RedisError, OSError):
+                return None  # cannot tell: not refused
+
         named = [i.name for i in self.members if i.up and not i.cluster]
+        infos = await asyncio.gather(*(info(i) for i in self.members if i.name in named))
         groups = shared(dict(zip(named, map(run_id_of, infos), strict=True)))
         if groups:
             raise ConfigError(describe(groups))
