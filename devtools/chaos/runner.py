@@ -4,8 +4,8 @@ The run starts its own Apache Kafka broker (stopping it harms no other test), th
 quorum members (redis-server processes; member 0 a Redis Cluster of 3
 masters with a replica each in `cluster` runs) and the gateways, all on free
 loopback ports under `workdir`. Before each fault it waits for real progress: the raw group must
-commit offsets beyond what it had committed when the previous fault was
-injected. After the last fault it stops the traffic and waits until every raw
+commit, on some partition, past the records produced before the previous fault
+was injected. After the last fault it stops the traffic and waits until every raw
 record and command is committed and every usable id resolved, or until
 nothing moves any more; then SIGTERM, and the checker.
 """
@@ -311,31 +311,34 @@ class Run:
         tasks: list[asyncio.Task[None]],
         toml: Path,
     ) -> None:
-        """Each step: wait for commits made after the previous fault, the step's pause, inject."""
-        seen = 0
+        """Each step: wait for progress made after the previous fault, the step's pause,
+        inject. Progress is a commit past a record produced after the fault: the
+        traffic's ends when it was injected (the commits just after it were mostly of
+        batches decided before it, and counted as progress let the next fault land on
+        a state that never moved: chaos seed 9101)."""
+        mark: dict[int, int] = {}
         for step in self.schedule.steps:
-            if await self._progress_since(seen, offsets, tasks, step, toml) is None:
+            if await self._progress_since(mark, offsets, tasks, step, toml) is None:
                 return
             await asyncio.sleep(step.pause_s)  # the schedule's own pause
             if step.fault is Fault.CONFIG_CHANGE:
                 self.change = (self.clock.now(), await offsets.raw_committed())
             await self._inject(step, traffic, standin)
-            committed = await offsets.raw_committed()  # None while the broker is stopped
-            if committed is not None:
-                seen = max(seen, sum(committed.values()))
+            mark = traffic.ends()
 
     async def _progress_since(
-        self, seen: int, offsets: GroupOffsets, tasks: list[asyncio.Task[None]], step: Step,
-        toml: Path,
+        self, mark: dict[int, int], offsets: GroupOffsets, tasks: list[asyncio.Task[None]],
+        step: Step, toml: Path,
     ) -> int | None:  # fmt: skip
-        """Wait until the raw group committed more than `seen` records in total; after
-        RUNBOOK_AFTER_S without, follow the rebuild runbook once."""
+        """Wait until the raw group committed, on some partition, past `mark` (the
+        records produced before the last fault); after RUNBOOK_AFTER_S without,
+        follow the rebuild runbook once."""
         start = self.clock.now()
         deadline, looked = start + PROGRESS_DEADLINE_S, False
         while self.clock.now() < deadline:
             self._check_tasks(tasks)
             committed = await offsets.raw_committed()
-            if committed is not None and sum(committed.values()) > seen:
+            if committed is not None and progressed(committed, mark):
                 return sum(committed.values())
             if not looked and self.clock.now() - start > RUNBOOK_AFTER_S:
                 looked = True
@@ -345,9 +348,9 @@ class Run:
         self.problems.append(
             Violation(
                 "stall",
-                f"no raw offsets committed for "
-                f"{PROGRESS_DEADLINE_S:.0f}s before {step} (committed "
-                f"total stuck at {seen}); remaining steps skipped",
+                f"no raw offsets committed past the records produced before the last fault "
+                f"for {PROGRESS_DEADLINE_S:.0f}s before {step} (produced then: "
+                f"{sum(mark.values())}); remaining steps skipped",
             )
         )
         self.event(f"STALL before {step}")
@@ -768,6 +771,12 @@ class Run:
                 )
                 skip_to = end + 1  # the nested tracebacks of one group count once
         return found
+
+
+def progressed(committed: dict[int, int], mark: dict[int, int]) -> bool:
+    """Whether some partition's commit passed its `mark` (the next offset produced
+    before the last fault): a record produced after the fault was decided."""
+    return any(offset > mark.get(p, 0) for p, offset in committed.items())
 
 
 async def _highwaters(bootstrap: str, topic: str, ends: dict[int, int]) -> dict[int, int | None]:
