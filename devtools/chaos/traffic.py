@@ -430,6 +430,9 @@ class Traffic:
             max_batch_size=256 * 1024,
             max_request_size=MAX_REQUEST_BYTES,
             acks="all",
+            # A batch the broker wrote but could not acknowledge (killed: broker-restart)
+            # is sent again; idempotence keeps the log to one copy, the one the ledger has.
+            enable_idempotence=True,
             request_timeout_ms=60_000,
         )
         self.resends: dict[bytes, tuple[float, int]] = {}  # id -> (next at, resends so far)
@@ -541,7 +544,10 @@ class Traffic:
         batch = self.producer.create_batch()
         if any(r.raw_header_name for r in recs):
             # Private aiokafka API, on purpose: the C builder refuses non-UTF-8 names.
-            batch._builder = _DefaultRecordBatchBuilderPy(2, 0, 0, -1, -1, 0, MAX_REQUEST_BYTES)
+            builder = _DefaultRecordBatchBuilderPy(2, 0, 0, -1, -1, 0, MAX_REQUEST_BYTES)
+            batch._builder = builder
+            # aiokafka hands an idempotent batch its producer state only for the C builder.
+            batch._set_producer_state = builder.set_producer_state
         for rec in recs:
             appended = batch.append(
                 key=rec.key, value=rec.value, timestamp=rec.timestamp_ms, headers=rec.headers
