@@ -40,9 +40,15 @@ CHEAP_SHARED = frozenset({"broker"})
 CPU_HEAVY = ("chaos/test_chaos.py", "bench/", "ops/test_spark_pack.py")
 HEAVY_NICENESS = 10
 # Of those, the ones that start whole stacks also run one after another, per kind,
-# so that no two schedules (or two benchmark runs) starve each other; the venv-pack
-# tests share their module's build.
-ONE_AT_A_TIME = {"chaos/test_chaos.py": "chaos-schedules", "bench/": "benchmark-runs"}
+# so that no two schedules starve each other; the benchmark runs in two lines (one
+# line of them was the suite's longest, about 9 of its 13 minutes); the venv-pack
+# tests share their module's build. The first prefix that matches decides.
+ONE_AT_A_TIME = {
+    "chaos/test_chaos.py": "chaos-schedules",
+    "bench/test_restart.py": "benchmark-restarts",
+    "bench/test_bench_delay.py": "benchmark-restarts",
+    "bench/": "benchmark-runs",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
