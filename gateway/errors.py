@@ -32,7 +32,7 @@ INVALID_COMMAND_REASONS = (
     "id_mismatch", "beyond_end", "unknown_source", "bad_header",
 )  # fmt: skip
 REDIS_ERROR_KINDS = ("timeout", "auth", "connection", "response", "other")
-RELEASE_RESULTS = ("released", "stale", "no_quorum")
+RELEASE_RESULTS = ("released", "handed_over", "stale", "no_quorum")
 
 
 class GatewayError(Exception):

@@ -317,8 +317,9 @@ class Metrics:
         # The failure loop (release / retry / dead-letter).
         self.releases = Counter(
             f"{PREFIX}_releases",
-            "Release commands handled, by result (released; stale: the token no longer "
-            "holds, or the command was handled before; no_quorum)",
+            "Failure commands handled, by result (released: release mode; handed_over: "
+            "retry mode, the mark handed to the next attempt or a dead letter; stale: the "
+            "token no longer holds, or the command was handled before; no_quorum)",
             ["result"],
             registry=r,
         )

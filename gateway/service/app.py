@@ -2,7 +2,7 @@
 
 start: health endpoint, wait for a Redis majority, producer, the raw consumer
 (join the group), the failure loop's consumers. run: the raw fetch loop
-(gateway/raw/source.py) and the failure loop (gateway/failures/loop.py) side by side.
+(gateway/raw/source.py) and the failure loop (gateway/failures/loop.py, its mode picked here) side by side.
 stop (the stop event, e.g. SIGTERM): stop fetching, finish and commit the
 batch in hand, leave the groups, flush and close; teardown runs in reverse.
 """
@@ -26,7 +26,9 @@ from gateway.delay.loop import DelayLoop, start_delay_loop
 from gateway.delay.router import Router
 from gateway.errors import ConfigError
 from gateway.failures.fetch_back import RawFetcher
-from gateway.failures.loop import FailureLoop
+from gateway.failures.loop import CommandPartition, FailureLoop, FailureMode
+from gateway.failures.release import Releases
+from gateway.failures.retry import Retries
 from gateway.kafka.clients import (
     build_consumer,
     build_producer,
@@ -35,6 +37,7 @@ from gateway.kafka.clients import (
     stop_within,
 )
 from gateway.kafka.exactly_once import Transactions
+from gateway.kafka.offsets import OffsetBook
 from gateway.kafka.sink import Sink
 from gateway.kafka.startup_wait import wait_for_broker
 from gateway.kafka.transactions import transactions_unsupported
@@ -212,7 +215,7 @@ class Gateway:
         raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
         await raw_reader.start()
         consumers.append(raw_reader)
-        failures = FailureLoop(
+        failures = failure_loop(
             settings, self.quorum, sink, metrics, commands, RawFetcher(raw_reader)
         )
         commands.subscribe([kafka.failure_topic], listener=failures.listener())
@@ -267,6 +270,25 @@ class Gateway:
         while not stop.is_set():
             self.metrics.ready.set(1 if self.readiness()[0] else 0)
             await wait_or_stop(stop, READINESS_EVERY_S)
+
+
+def failure_loop(
+    settings: Settings,
+    quorum: Quorum,
+    sink: Sink,
+    metrics: Metrics,
+    commands: AIOKafkaConsumer,
+    fetcher: RawFetcher,
+) -> FailureLoop:
+    """The failure loop on `commands`, its mode chosen once by `[failures] mode`
+    (gateway/failures/release.py or retry.py)."""
+    book: OffsetBook[CommandPartition] = OffsetBook(CommandPartition)
+    mode: FailureMode = (
+        Releases(quorum, metrics)
+        if settings.failures.mode == "release"
+        else Retries(settings, quorum, sink, metrics, fetcher, book)
+    )
+    return FailureLoop(settings, mode, metrics, commands, book)
 
 
 def transactional_id(kafka: KafkaSettings, loop: str = "raw") -> str:

@@ -27,10 +27,11 @@ from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.contract.tokens import mark_digest
 from gateway.failures.fetch_back import RawFetcher
-from gateway.failures.loop import FailureLoop
 from gateway.kafka.clients import build_consumer, build_producer
+from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics, total
 from gateway.quorum.quorum import Quorum
+from gateway.service.app import failure_loop
 from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, owners_on
 
@@ -283,15 +284,16 @@ async def test_a_raw_fetch_outlasting_its_deadline_is_retried_later_not_called_g
     raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
     for client in (producer, commands, raw_reader):
         await client.start()
-    loop = FailureLoop(
-        settings, quorum, producer, metrics, commands, RawFetcher(raw_reader, deadline_s=0.5)
+    sink = Sink(producer, kafka, metrics)
+    loop = failure_loop(
+        settings, quorum, sink, metrics, commands, RawFetcher(raw_reader, deadline_s=0.5)
     )
     commands.subscribe([kafka.failure_topic], listener=loop.listener())
     stop = asyncio.Event()
     task = asyncio.create_task(loop.run(stop))
     try:
         await produce(bootstrap, topics.failures, [failure_command(first, "boom")])
-        await eventually(lambda: counter_value(metrics.releases, "released") == 1)
+        await eventually(lambda: counter_value(metrics.releases, "handed_over") == 1)
         proxy.pause()  # the retry is due about 1s after the handover: it meets a silent broker
         await eventually(
             lambda: "not done, trying again" in caplog.text or total(metrics.invalid_commands) > 0,
@@ -343,12 +345,12 @@ async def test_a_rebalance_of_the_command_group_hands_scheduled_retries_to_the_n
         for partition, message_id in enumerate((b"m-1", b"m-2")):
             command = failure_command(clean[message_id], "boom")
             await produce(broker, topics.failures, [command], partition=partition)
-        await eventually(lambda: counter_value(first.metrics.releases, "released") == 2)
+        await eventually(lambda: counter_value(first.metrics.releases, "handed_over") == 2)
         first_schedule_ends = time.monotonic() + backoff
 
         async with running(settings) as second:
             # The second gateway took one partition and replayed its command (a redo).
-            await eventually(lambda: counter_value(second.metrics.releases, "released") == 1)
+            await eventually(lambda: counter_value(second.metrics.releases, "handed_over") == 1)
             assert retries(first) == 0, "the rebalance came after the retries: no test"
             await eventually(lambda: retries(first) + retries(second) == 2, 3 * backoff)
             # Past the first gateway's original schedule: a dropped entry stays dropped.

@@ -29,13 +29,14 @@ from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.contract.records import H_DELIVER_AT, H_ID, H_TIER_AT
 from gateway.delay.coalescer import now_ms
 from gateway.failures.fetch_back import RawFetcher
-from gateway.failures.loop import FailureLoop
 from gateway.kafka import salvage as salvage_module
 from gateway.kafka.clients import build_consumer, build_producer
 from gateway.kafka.salvage import EMPTY_WAIT_S, Fetched, Salvage
+from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
+from gateway.service.app import failure_loop
 from tests.conftest import redis_urls
 from tests.integration.test_bad_input import batch_with_bad_header_name, produce_raw_batch
 
@@ -164,7 +165,8 @@ async def test_a_revoke_while_reading_past_a_bad_command_waits_for_what_was_read
     await producer.start()
     await commands.start()
     # Its fetcher reads raw records back for due retries: none come due here.
-    loop = FailureLoop(settings, quorum, producer, metrics, commands, RawFetcher(commands))
+    sink = Sink(producer, kafka, metrics)
+    loop = failure_loop(settings, quorum, sink, metrics, commands, RawFetcher(commands))
     listener = loop.listener()
     commands.subscribe([kafka.failure_topic], listener=listener)
     try:
@@ -214,7 +216,7 @@ async def test_a_revoke_while_reading_past_a_bad_command_waits_for_what_was_read
             await loop.loop.salvage(failed.value, 500, taken)
         await revoking[0]
         assert events == ["read", "taken", "revoked"]
-        assert len(loop.due) == 0 and not loop.book.parts
+        assert len(loop.mode.due) == 0 and not loop.book.parts  # retry mode
         assert counter_value(metrics.invalid_commands, "bad_header") == 1
     finally:
         await commands.stop()

@@ -1,5 +1,5 @@
 """What the failure loop asks the members (the handover's tokens) and how it reads
-their HANDOVER and RELEASE replies (gateway/failures/loop.py)."""
+their HANDOVER and RELEASE replies (gateway/failures/release.py, retry.py)."""
 
 from __future__ import annotations
 
