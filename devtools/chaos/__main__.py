@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         help="force delay runs ([delay] tiers, [coalesce], skewed clocks, hostile tier "
         "records and commands, a config change, a member handover), or not (else the seed)",
     )  # fmt: skip
+    parser.add_argument("--gateways", type=int, choices=(1, 2, 3), help="force the gateways")
+    parser.add_argument("--rate", type=int, help="raw records per second (default 300)")
     parser.add_argument("--exclude", default="", help="comma-separated fault or record kinds")
     parser.add_argument("--workdir", type=Path, default=Path(".state/chaos"))
     parser.add_argument("--keep", action="store_true", help="keep the logs of passing runs")
@@ -76,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         cluster = None if args.cluster is None else args.cluster == "yes"
         delay = None if args.delay is None else args.delay == "yes"
         schedule = make_schedule(
-            seed, args.schedule_seconds, profile, args.mode, exclude, args.session, cluster, delay
-        )
+            seed, args.schedule_seconds, profile, args.mode, exclude, args.session, cluster,
+            delay, args.gateways, args.rate,
+        )  # fmt: skip
         print(schedule.describe(), flush=True)
         workdir = args.workdir.resolve() / f"seed-{seed}"
         shutil.rmtree(workdir, ignore_errors=True)

@@ -228,7 +228,7 @@ class Schedule:
             f"python -m devtools.chaos --seed {c.seed} --schedules 1 "
             f"--schedule-seconds {self.duration_s:g} --profile {c.profile} --mode {c.mode} "
             f"--session {c.session_timeout_s:g} --cluster {'yes' if c.cluster else 'no'}"
-            f" --delay {'yes' if c.delay else 'no'}"
+            f" --delay {'yes' if c.delay else 'no'} --gateways {c.gateways} --rate {c.rate}"
             + (f" --exclude {','.join(sorted(c.excluded))}" if c.excluded else "")
         )
 
@@ -242,11 +242,14 @@ def make_schedule(
     session_timeout_s: float | None = None,
     cluster: bool | None = None,
     delay: bool | None = None,
+    gateways: int | None = None,
+    rate: int | None = None,
 ) -> Schedule:
     """The run configuration and faults for `seed`.
 
-    `mode`, `session_timeout_s`, `cluster` and `delay` force those choices (else the
-    seed makes them; `cluster` and `delay` by draws of their own); `exclude` leaves out
+    `mode`, `session_timeout_s`, `cluster`, `delay` and `gateways` force those choices
+    (else the seed makes them; `cluster` and `delay` by draws of their own); `rate`: raw
+    records per second (else RunConfig's); `exclude` leaves out
     fault classes and hostile record kinds by name (see `KINDS`), e.g. to confirm the
     rest passes while one is being fixed.
     """
@@ -261,7 +264,8 @@ def make_schedule(
         cluster = random.Random(f"{seed}:cluster").random() < CLUSTER_SHARE
     if delay is None:
         delay = random.Random(f"{seed}:delay").random() < DELAY_SHARE
-    gateways = rng.choice((2, 3))
+    drawn_gateways = rng.choice((2, 3))  # drawn in every run, as `fragile` below
+    gateways = gateways or drawn_gateways
     fragile = rng.randrange(3)  # drawn in every run, so the draws after it stay the same
     config = RunConfig(
         seed=seed,
@@ -275,6 +279,7 @@ def make_schedule(
         excluded=excluded,
         cluster=cluster,
         delay=delay,
+        **({"rate": rate} if rate else {}),
     )
     kinds = [
         f

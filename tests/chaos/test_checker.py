@@ -356,3 +356,18 @@ def test_a_window_must_reach_the_clean_topic_as_its_newest_version():
         "lost",
         "window",
     ]
+
+
+def test_forced_gateways_and_rate_keep_the_other_draws_and_are_in_the_reproduce_line():
+    drawn = make_schedule(5, 60)
+    forced = make_schedule(5, 60, gateways=1 if drawn.config.gateways != 1 else 2, rate=700)
+    assert forced.config.rate == 700 and forced.config.gateways != drawn.config.gateways
+    assert forced.config.fragile_redis == drawn.config.fragile_redis
+    assert forced.config.mode == drawn.config.mode
+    line = forced.reproduce()
+    assert f"--gateways {forced.config.gateways} --rate 700" in line
+    assert all(
+        s.target < forced.config.gateways
+        for s in forced.steps
+        if s.fault.value.startswith("gateway")
+    )
