@@ -48,7 +48,6 @@ times twice the smallest tier).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -59,7 +58,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from gateway import faults
-from gateway.config import ConfigError, Settings
+from gateway.config import Settings
 from gateway.contract.records import (
     H_DELIVER_AT,
     H_WINDOW,
@@ -70,9 +69,7 @@ from gateway.contract.records import (
 )
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.coalescer import now_ms
-from gateway.delay.leftovers import leftover_tiers
 from gateway.errors import BadRecord
-from gateway.kafka.clients import build_consumer, stop_within
 from gateway.kafka.due import DueQueue
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
 from gateway.kafka.loop import Commits, ConsumerLoop
@@ -87,7 +84,6 @@ from gateway.rules.tiers import (
     pick_tier,
     read_tier_record,
     replace_tier_at,
-    tier_topics,
 )
 from gateway.rules.windows import WINDOW_EXPIRED, Verdict
 
@@ -484,48 +480,3 @@ def _copy(rec: Record, tier_at_ms: int | None, window: bool = True) -> OutRecord
     if not window:
         headers = [(k, v) for k, v in headers if k != H_WINDOW]
     return OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
-
-
-async def start_delay_loop(
-    settings: Settings,
-    sink: Sink,
-    metrics: Metrics,
-    stack: contextlib.AsyncExitStack,
-    closer: Closer | None = None,
-    transactions: Transactions | None = None,
-) -> DelayLoop:
-    """Join `<group_id>.delay` on the tier topics; ConfigError naming any that is missing.
-    `closer` decides the close of coalesced records (gateway/delay/coalescer.py);
-    `transactions`: `sink` writes through its producer, each step in one transaction.
-
-    Tier topics are never created here (the gateway creates no topic): a missing
-    one is a deployment step left out, reported before any record is routed.
-    """
-    kafka = settings.kafka
-    consumer = build_consumer(
-        kafka,
-        f"{kafka.group_id}.delay",
-        fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
-    )
-    await consumer.start()
-    stack.push_async_callback(stop_within, consumer)
-    topics = tier_topics(settings)
-    existing = await consumer.topics()  # all topics' metadata: never auto-creates one
-    missing = [t for t in topics if t not in existing]
-    if missing:
-        raise ConfigError(
-            f"delay.tiers: tier topic(s) {', '.join(missing)} do not exist; create them "
-            "(README, Scheduled delivery) or change [delay] tiers"
-        )
-    leftover = await leftover_tiers(consumer, settings, existing)
-    loop = DelayLoop(settings, consumer, sink, metrics, closer, leftover, transactions)
-    consumer.subscribe([*topics, *sorted(leftover)], listener=loop.listener())
-    logger.info("scheduled delivery: tiers %s, group %s.delay", ", ".join(topics), kafka.group_id)
-    if leftover:
-        logger.warning(
-            "tier topic(s) %s are not in [delay] tiers: read until empty, their records "
-            "delivered when due to %s; delete them once their dedup_delay_backlog_records is 0 "
-            "(docs/operations.md, Changing the configuration safely)",
-            ", ".join(sorted(leftover)), kafka.clean_topic,
-        )  # fmt: skip
-    return loop

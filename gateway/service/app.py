@@ -1,8 +1,10 @@
 """Wiring and lifecycle: start, run, stop. The data path itself lives elsewhere.
 
-start: health endpoint, wait for a Redis majority, producer, the raw consumer
-(join the group), the failure loop's consumers. run: the raw fetch loop
-(gateway/raw/source.py) and the failure loop (gateway/failures/loop.py, its mode picked here) side by side.
+start: health endpoint, wait for a Redis majority, producer, every consumer and
+loop (each is built here: the delay loop's, the raw consumer joining its group, the
+failure loop's, its mode picked here). run: the raw fetch loop
+(gateway/raw/source.py), the failure loop (gateway/failures/loop.py) and the delay
+loop (gateway/delay/loop.py) side by side.
 stop (the stop event, e.g. SIGTERM): stop fetching, finish and commit the
 batch in hand, leave the groups, flush and close; teardown runs in reverse.
 """
@@ -21,8 +23,8 @@ from aiokafka.errors import KafkaError
 
 from gateway.config import KafkaSettings, Settings
 from gateway.delay.coalescer import Coalescer
-from gateway.delay.leftovers import refuse_stranded_tiers
-from gateway.delay.loop import DelayLoop, start_delay_loop
+from gateway.delay.leftovers import leftover_tiers, refuse_stranded_tiers
+from gateway.delay.loop import DelayLoop
 from gateway.delay.router import Router
 from gateway.errors import ConfigError
 from gateway.failures.fetch_back import RawFetcher
@@ -48,6 +50,7 @@ from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
 from gateway.raw.source import RawSource
+from gateway.rules.tiers import tier_topics
 from gateway.service.health import HealthServer
 from gateway.waits import wait_or_stop
 
@@ -270,6 +273,51 @@ class Gateway:
         while not stop.is_set():
             self.metrics.ready.set(1 if self.readiness()[0] else 0)
             await wait_or_stop(stop, READINESS_EVERY_S)
+
+
+async def start_delay_loop(
+    settings: Settings,
+    sink: Sink,
+    metrics: Metrics,
+    stack: contextlib.AsyncExitStack,
+    closer: Coalescer | None = None,
+    transactions: Transactions | None = None,
+) -> DelayLoop:
+    """Join `<group_id>.delay` on the tier topics; ConfigError naming any that is missing.
+    `closer` decides the close of coalesced records (gateway/delay/coalescer.py);
+    `transactions`: `sink` writes through its producer, each step in one transaction.
+
+    Tier topics are never created here (the gateway creates no topic): a missing
+    one is a deployment step left out, reported before any record is routed.
+    """
+    kafka = settings.kafka
+    consumer = build_consumer(
+        kafka,
+        f"{kafka.group_id}.delay",
+        fetch_max_wait_ms=int(kafka.fetch_max_wait.total_seconds() * 1000),
+    )
+    await consumer.start()
+    stack.push_async_callback(stop_within, consumer)
+    topics = tier_topics(settings)
+    existing = await consumer.topics()  # all topics' metadata: never auto-creates one
+    missing = [t for t in topics if t not in existing]
+    if missing:
+        raise ConfigError(
+            f"delay.tiers: tier topic(s) {', '.join(missing)} do not exist; create them "
+            "(README, Scheduled delivery) or change [delay] tiers"
+        )
+    leftover = await leftover_tiers(consumer, settings, existing)
+    loop = DelayLoop(settings, consumer, sink, metrics, closer, leftover, transactions)
+    consumer.subscribe([*topics, *sorted(leftover)], listener=loop.listener())
+    logger.info("scheduled delivery: tiers %s, group %s.delay", ", ".join(topics), kafka.group_id)
+    if leftover:
+        logger.warning(
+            "tier topic(s) %s are not in [delay] tiers: read until empty, their records "
+            "delivered when due to %s; delete them once their dedup_delay_backlog_records is 0 "
+            "(docs/operations.md, Changing the configuration safely)",
+            ", ".join(sorted(leftover)), kafka.clean_topic,
+        )  # fmt: skip
+    return loop
 
 
 def failure_loop(
