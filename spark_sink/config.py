@@ -3,7 +3,8 @@
 Same sources and priorities as `gateway.config`: environment variables
 (`GATEWAY_` prefix, `__` between levels, e.g. `GATEWAY_SPARK__MAX_RECORDS_PER_BATCH=500`),
 then the TOML file, then the defaults below. The gateway's other sections
-(`[redis]`, `[dedup]`, ...) are ignored here, so both programs read one file.
+(`[redis]`, `[dedup]`, ...) are ignored here (`[failures]`, `[delay]` and
+`[coalesce]` are read for `[spark] delivery_dedup = "auto"`), so both programs read one file.
 A bad value raises `gateway.config.ConfigError` naming the setting.
 """
 
@@ -16,7 +17,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from gateway.config import Duration, KafkaSettings, LogSettings, TomlSettings, load
+from gateway.config import (
+    CoalesceSettings,
+    DelaySettings,
+    Duration,
+    FailureSettings,
+    KafkaSettings,
+    LogSettings,
+    TomlSettings,
+    load,
+)
 
 # Every record passes: a first run on plain records writes them all and releases none.
 DEFAULT_HANDLER = "spark_sink.handlers:passthrough"
@@ -49,6 +59,11 @@ class SparkSettings(BaseModel):
     # How long a delivery (dedup-token) is remembered to drop the gateway's crash-window
     # duplicates; measured in processing time (micro-batch start), not record time.
     dedup_watermark: Duration = timedelta(minutes=10)
+    # The delivery dedup (a state store keyed by dedup-token, the job's largest fixed
+    # cost): "on"; "off" (no state: a repeat under one token reaches the handler
+    # again); "auto": off only when every path into the clean topic is transactional
+    # (`spark_sink.preflight.delivery_dedup_needed`), else on. docs/guarantees.md.
+    delivery_dedup: Literal["auto", "on", "off"] = "auto"
     # "auto": Spark's own Kafka connector when its classes are on the classpath,
     # else the Python source in spark_sink.kafka_source.
     source: Literal["auto", "native", "python"] = "auto"
@@ -91,6 +106,11 @@ class SinkSettings(TomlSettings):
     kafka: KafkaSettings = KafkaSettings()
     spark: SparkSettings = SparkSettings()
     log: LogSettings = LogSettings()
+    # Read only to know which of the gateway's paths write the clean topic outside a
+    # transaction (`[spark] delivery_dedup = "auto"`).
+    failures: FailureSettings = FailureSettings()
+    delay: DelaySettings = DelaySettings()
+    coalesce: CoalesceSettings = CoalesceSettings()
 
 
 def load_sink_settings(path: Path | None = None, **overrides: Any) -> SinkSettings:

@@ -9,6 +9,7 @@ the same columns, so the rest of the job does not know which one ran.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -22,9 +23,8 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-import pyspark
 from prometheus_client import CollectorRegistry
-from pyspark import SparkContext, SparkFiles
+from pyspark import SparkFiles
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -34,20 +34,27 @@ import spark_sink
 from gateway.config import ConfigError
 from gateway.kafka.clients import java_client_options, librdkafka_options
 from spark_sink.config import SinkSettings
+from spark_sink.connector import (
+    choose_source,
+    connector_jars_conf,
+    connector_progress_bug,
+    jvm_started,
+    native_connector_missing,
+    spark_version,
+)
 from spark_sink.handlers import Handler, resolve_handler
 from spark_sink.metrics import JobListener, JobMetrics, SinkCountsCollector, serve_metrics
+from spark_sink.preflight import Decision, preflight
 from spark_sink.sink import BatchSink
-from spark_sink.transforms import drop_duplicate_deliveries, parse_dedup_headers
+from spark_sink.transforms import (
+    PROCESSED_AT,
+    batch_time,
+    drop_duplicate_deliveries,
+    parse_dedup_headers,
+)
 
 logger = logging.getLogger(__name__)
 
-KAFKA_CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
-KAFKA_CONNECTOR_ARTIFACT = "spark-sql-kafka-0-10"
-# Where `make setup` (devtools/jars.py) keeps the connector's jars, one folder per Spark
-# version: `$DEDUP_JAR_CACHE/spark-kafka-<version>/`, complete once READY is there.
-JAR_CACHE_ENV = "DEDUP_JAR_CACHE"
-DEFAULT_JAR_CACHE = "~/.cache/dedup-gateway/jars"
-JAR_CACHE_READY = ".complete"
 # Records of transactions that aborted or are still open are never read (the gateway
 # writes the clean topic in transactions). [kafka.client] "java.isolation.level"
 # overrides it.
@@ -77,6 +84,10 @@ DEFAULT_CONF = {
 CHECKPOINT_MANAGER = "FileSystemBasedCheckpointFileManager"
 CHECKPOINT_MANAGER_PACKAGE = "org.apache.spark.sql.execution.streaming.checkpointing"
 CHECKPOINT_MANAGER_PACKAGE_BEFORE_4_1 = "org.apache.spark.sql.execution.streaming"
+# The driver's log4j2 configuration for a JVM the job starts itself: Spark's and the
+# Kafka client's INFO lines off stderr, WARN and above kept (`session_conf`).
+LOG4J2_CONF = Path(__file__).with_name("log4j2.properties")
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 @dataclass(frozen=True)
@@ -99,60 +110,8 @@ class RunReport:
     output_rows: int
     # "kafka": Spark's own connector; "python": spark_sink.kafka_source.
     source: str = "kafka"
-
-
-def spark_version(version: str | None = None) -> tuple[int, int]:
-    """(major, minor) of `version`, by default the installed pyspark's."""
-    major, minor, *_ = (version or pyspark.__version__).split(".")
-    return int(major), int(minor)
-
-
-def scala_binary(version: str | None = None) -> str:
-    """The Scala line of a Spark build: 2.13 for Spark 4 (its only one), 2.12 for
-    Spark 3.5 as PyPI's pyspark ships it."""
-    return "2.12" if spark_version(version) < (4, 0) else "2.13"
-
-
-def connector_coordinates(version: str | None = None) -> str:
-    """What `--packages` (or `spark.jars.packages`) takes for Spark `version`'s connector."""
-    version = version or pyspark.__version__
-    return f"org.apache.spark:{KAFKA_CONNECTOR_ARTIFACT}_{scala_binary(version)}:{version}"
-
-
-def connector_cache_folder(version: str | None = None) -> Path:
-    """Where `make setup` keeps the connector's jars for Spark `version` (the installed
-    pyspark's by default); the same folder as `devtools.jars.connector_folder`."""
-    root = Path(os.environ.get(JAR_CACHE_ENV, DEFAULT_JAR_CACHE)).expanduser()
-    return root / f"spark-kafka-{version or pyspark.__version__}"
-
-
-def cached_connector_jars(version: str | None = None) -> list[str]:
-    """The connector's jars in `connector_cache_folder`, when a whole fetch left them."""
-    folder = connector_cache_folder(version)
-    if not (folder / JAR_CACHE_READY).is_file():
-        return []
-    return sorted(str(jar) for jar in folder.glob("*.jar"))
-
-
-def connector_jars_conf(settings: SinkSettings) -> dict[str, str]:
-    """`spark.jars` with the cached connector added, for a session the job starts
-    itself; nothing when `[spark.conf]` already names a connector, the Python source is
-    forced, or no whole fetch is cached."""
-    conf = settings.spark.conf
-    named = conf.get("spark.jars", "") + conf.get("spark.jars.packages", "")
-    if settings.spark.source == "python" or KAFKA_CONNECTOR_ARTIFACT in named:
-        return {}
-    jars = cached_connector_jars()
-    if not jars:
-        return {}
-    return {"spark.jars": ",".join([j for j in conf.get("spark.jars", "").split(",") if j] + jars)}
-
-
-def jvm_started() -> bool:
-    """Whether this process's Spark JVM runs already: a SparkContext, or spark-submit,
-    which started it and handed its address to this Python (PYSPARK_GATEWAY_PORT).
-    Jars given to a running JVM do not reach the driver's class path."""
-    return SparkContext._active_spark_context is not None or "PYSPARK_GATEWAY_PORT" in os.environ
+    # Whether repeated deliveries were dropped (`[spark] delivery_dedup`, resolved).
+    delivery_dedup: bool = True
 
 
 def local_checkpoint_conf(version: str | None = None) -> dict[str, str]:
@@ -175,14 +134,30 @@ def build_session(settings: SinkSettings) -> SparkSession:
     if settings.spark.master:
         builder = builder.master(settings.spark.master)
     choose_worker_python(settings)
-    defaults = {**DEFAULT_CONF, **(local_checkpoint_conf() if local_checkpoint(settings) else {})}
-    jars = {} if jvm_started() else connector_jars_conf(settings)
-    for key, value in {**defaults, **settings.spark.conf, **jars}.items():
+    for key, value in session_conf(settings, sys.stderr.isatty()).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if not (session.sparkContext.master or "local").startswith("local"):
         ship_code(session)
     return session
+
+
+def session_conf(settings: SinkSettings, terminal: bool) -> dict[str, str]:
+    """The Spark configuration of a session the job builds: `DEFAULT_CONF`, then
+    `[spark.conf]`; for a JVM not started yet, the cached connector's jars and the
+    shipped log4j2 configuration (`LOG4J2_CONF`, unless `[spark.conf]`'s driver Java
+    options name one); no progress bars unless stderr is a `terminal`."""
+    conf = {**DEFAULT_CONF, **(local_checkpoint_conf() if local_checkpoint(settings) else {})}
+    if not terminal:
+        conf["spark.ui.showConsoleProgress"] = "false"
+    conf.update(settings.spark.conf)
+    if not jvm_started():
+        conf.update(connector_jars_conf(settings))
+        options = conf.get(DRIVER_JAVA_OPTIONS, "")
+        if "log4j2.configurationFile" not in options:
+            ours = f"-Dlog4j2.configurationFile={LOG4J2_CONF}"
+            conf[DRIVER_JAVA_OPTIONS] = f"{ours} {options}".strip()
+    return conf
 
 
 def local_checkpoint(settings: SinkSettings) -> bool:
@@ -275,78 +250,6 @@ def start_metrics(
     return stop
 
 
-def connector_version(spark: SparkSession) -> str | None:
-    """The version of the Kafka connector Spark loads for `format("kafka")` (its jar's
-    Implementation-Version, "" when the jar has none); None when there is none.
-
-    Asks Spark's own lookup (DataSource.lookupDataSource: the data source registry,
-    through the class loader `format()` uses), not a class name on some loader."""
-    try:
-        jvm: Any = spark._jvm
-        sql_conf = spark._jsparkSession.sessionState().conf()
-        lookup = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource
-        provider = lookup("kafka", sql_conf)
-        if provider.getName() != KAFKA_CONNECTOR_CLASS:
-            return None
-        return str(provider.getPackage().getImplementationVersion() or "")
-    except Exception:  # noqa: BLE001 (Py4JJavaError: not found; no JVM under Spark Connect)
-        return None
-
-
-def connector_available(spark: SparkSession) -> bool:
-    """Whether Spark finds its own Kafka connector for `format("kafka")`."""
-    return connector_version(spark) is not None
-
-
-def python_source_missing() -> str | None:
-    """Why this PySpark cannot run the Python Kafka source (its Data Source API with
-    admission control is PySpark 4.2's); None when it can."""
-    try:
-        import spark_sink.kafka_source  # noqa: F401
-    except ImportError as exc:
-        return f"pyspark {pyspark.__version__} cannot run the Python Kafka source ({exc})"
-    return None
-
-
-def _connector_fix(spark: SparkSession) -> str:
-    coordinates = connector_coordinates(spark.version)
-    return (
-        f'spark-submit --packages {coordinates}, or [spark.conf] "spark.jars.packages" = '
-        f'"{coordinates}" (docs/spark-cluster.md)'
-    )
-
-
-def choose_source(spark: SparkSession, settings: SinkSettings) -> str:
-    """ "kafka" (Spark's connector) or "python" (spark_sink.kafka_source), as
-    `spark.source` asks; ConfigError, in one line naming the fix, when that one cannot
-    run here, or when the connector is of another Spark line than Spark's."""
-    wanted = settings.spark.source
-    found = connector_version(spark) if wanted != "python" else None
-    if found:
-        found_line, running_line = spark_version(found), spark_version(spark.version)
-        if found_line != running_line:
-            raise ConfigError(
-                f"Spark's Kafka connector on the classpath is {found}, Spark is "
-                f"{spark.version}: use {connector_coordinates(spark.version)} instead"
-            )
-    if found is not None:
-        return "kafka"
-    if wanted == "native":
-        raise ConfigError(
-            f'spark.source = "native" but Spark {spark.version} has no Kafka connector on '
-            f"its classpath: {_connector_fix(spark)}"
-        )
-    missing = python_source_missing()
-    if missing is None:
-        return "python"
-    if wanted == "python":
-        raise ConfigError(f'spark.source = "python": {missing}; use Spark\'s connector instead')
-    raise ConfigError(
-        f"Spark {spark.version} has no Kafka connector on its classpath and {missing}: "
-        f"{_connector_fix(spark)}"
-    )
-
-
 def read_clean_topic(
     spark: SparkSession, settings: SinkSettings, source: str | None = None
 ) -> DataFrame:
@@ -404,15 +307,19 @@ def start_query(
     *,
     available_now: bool = False,
     source: str | None = None,
+    delivery_dedup: bool = True,
 ) -> StreamingQuery:
     """Start the stream: every record currently there (`available_now`), or continuously.
 
     `sink` is the foreachBatch function, normally a `BatchSink`; `source` as
-    `read_clean_topic` takes it."""
-    records = drop_duplicate_deliveries(
-        parse_dedup_headers(read_clean_topic(spark, settings, source)),
-        settings.spark.dedup_watermark,
-    )
+    `read_clean_topic` takes it; `delivery_dedup`: drop repeated deliveries
+    (`[spark] delivery_dedup` as `preflight` resolved it). A checkpoint keeps the
+    plan it started with: switching the dedup on or off needs a new `checkpoint_dir`."""
+    records = parse_dedup_headers(read_clean_topic(spark, settings, source))
+    if delivery_dedup:
+        records = drop_duplicate_deliveries(records, settings.spark.dedup_watermark)
+    else:
+        records = records.withColumn(PROCESSED_AT, batch_time())
     writer = (
         records.writeStream.foreachBatch(sink)
         .option("checkpointLocation", spark_checkpoint(settings))
@@ -432,35 +339,15 @@ def spark_checkpoint(settings: SinkSettings) -> str:
     return f"{str(settings.spark.checkpoint_dir).rstrip('/')}/query"
 
 
-def connector_progress_bug(query: StreamingQuery) -> bool:
-    """Whether `query` died of Spark 4.1's Kafka connector bug SPARK-55271 (logged as a
-    WARNING when it did).
-
-    A query restarted on a checkpoint whose last batch did not commit re-runs that batch
-    without asking the source for its latest offsets, and Spark 4.1.x's connector then
-    fails the batch's progress report with a NullPointerException
-    (`KafkaMicroBatchStream.metrics`), after the batch committed: a restart goes on
-    (measured on 4.1.1; 3.5, 4.0 and 4.2 report such a batch)."""
-    try:
-        failure = query._jsq.exception()
-        if failure.isEmpty():
-            return False
-        cause = failure.get().cause()
-        frames = cause.getStackTrace()
-        found = (
-            cause.getClass().getName() == "java.lang.NullPointerException"
-            and len(frames) > 0
-            and "kafka010.KafkaMicroBatchStream" in str(frames[0].toString())
-        )
-    except Exception:  # noqa: BLE001 (no JVM to ask: not this failure)
-        return False
-    if found:
-        logger.warning(
-            "Spark's Kafka connector failed the progress report of the batch this query "
-            "re-ran after a restart (SPARK-55271, Spark 4.1); the batch is committed: "
-            "starting the query again"
-        )
-    return found
+def before_session(settings: SinkSettings) -> Decision:
+    """What is checked before a Spark session starts, each failure one line naming the
+    setting: `spark.source = "native"` without a connector (ConfigError), a broker
+    that does not answer within a second (BrokerUnreachable); returns whether to run
+    the delivery dedup (`spark_sink.preflight`)."""
+    missing = native_connector_missing(settings)
+    if missing is not None:
+        raise ConfigError(missing)
+    return preflight(settings)
 
 
 def run_until_idle(
@@ -478,6 +365,7 @@ def run_until_idle(
     Raises the query's exception if it failed (e.g. the broker is unreachable).
     `registry`: where the job's metrics go (`start_metrics`).
     """
+    dedup = before_session(settings).delivery_dedup
     own_session = spark is None
     session = spark or build_session(settings)
     sink = make_sink(settings, handler)
@@ -485,7 +373,11 @@ def run_until_idle(
     try:
         source = choose_source(session, settings)
         check_planner_python(session, settings, source)
-        queries = [start_query(session, settings, sink, available_now=True, source=source)]
+        run = functools.partial(
+            start_query, session, settings, sink, available_now=True, source=source,
+            delivery_dedup=dedup,
+        )  # fmt: skip
+        queries = [run()]
         try:
             try:
                 queries[0].awaitTermination()
@@ -493,7 +385,7 @@ def run_until_idle(
                 if not connector_progress_bug(queries[0]):
                     raise
                 queries[0].stop()
-                queries.append(start_query(session, settings, sink, available_now=True))
+                queries.append(run())
                 queries[1].awaitTermination()
         finally:
             for query in queries:
@@ -509,6 +401,7 @@ def run_until_idle(
             written=sink.counts.written,
             output_rows=count_output(session, settings.spark.output_path),
             source=source,
+            delivery_dedup=dedup,
         )
     finally:
         stop_metrics()
@@ -541,6 +434,7 @@ def run_forever(
     """Run the stream until SIGINT/SIGTERM. Stopping may interrupt a batch; the next
     start re-runs it (output and release commands are idempotent per batch).
     `registry`: where the job's metrics go (`start_metrics`)."""
+    dedup = before_session(settings).delivery_dedup
     own_session = spark is None
     session = spark or build_session(settings)
     try:
@@ -552,7 +446,7 @@ def run_forever(
         raise
     sink = make_sink(settings)
     stop_metrics = start_metrics(session, settings, sink, registry)
-    query = start_query(session, settings, sink, source=source)
+    query = start_query(session, settings, sink, source=source, delivery_dedup=dedup)
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -572,7 +466,7 @@ def run_forever(
                     raise
                 restarted = True
                 query.stop()
-                query = start_query(session, settings, sink, source=source)
+                query = start_query(session, settings, sink, source=source, delivery_dedup=dedup)
         if query.exception() is not None:
             raise RuntimeError(f"stream failed: {query.exception()}")
     finally:

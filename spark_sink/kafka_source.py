@@ -9,19 +9,16 @@ on an older PySpark raises ImportError (`spark_sink.job.python_source_missing`).
 Records of aborted or open transactions are skipped: librdkafka's default
 `isolation.level` is `read_committed`.
 
-Offsets are Spark-style JSON, one next-offset-to-read per partition:
-`{"clean": {"0": 1042, "1": 977}}`. Spark journals each micro-batch's
-(start, end) in the checkpoint before reading it, and `partitions()` turns a
-(start, end) pair into the same ranges every time, so a restarted query
-replays an unfinished batch exactly.
+Offsets are Spark-style JSON, one next-offset-to-read per partition
+(`{"clean": {"0": 1042, "1": 977}}`). Spark journals each micro-batch's (start, end)
+before reading it, and `partitions()` turns a pair into the same ranges every time, so
+a restarted query replays an unfinished batch exactly.
 
-Why no ListOffsets: partition ends come from the high watermark carried in
-fetch responses. The driver keeps one consumer, `assign()`s every partition at
-its end and waits for the end-of-partition event that a fetch response
-triggers; the event carries the high watermark (under read_committed, the last
-stable offset). ListOffsets "latest" was wrong on a Kafka-protocol broker the tests
-once used, for multi-record batches; the fetch response is right on every broker.
-No consumer group is ever joined.
+Partition ends come from the high watermark in fetch responses, not ListOffsets
+("latest" was wrong on a Kafka-protocol broker the tests once used): the driver's one
+consumer `assign()`s every partition at its end and waits for the end-of-partition
+event, which carries it (under read_committed, the last stable offset). No consumer
+group is ever joined.
 
 Options (case-insensitive, all strings):
 - `subscribe`: comma-separated topics (required);
@@ -31,8 +28,7 @@ Options (case-insensitive, all strings):
   partitions that have data (Spark honours it with `availableNow` too);
 - `endingOffsets` (batch reads only): `latest` (default) or offsets JSON.
 
-Partitions that appear while the query runs are read from their beginning
-(offset 0; the reader falls back to the earliest retained offset).
+Partitions that appear while the query runs are read from their beginning.
 """
 
 from __future__ import annotations
@@ -67,8 +63,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE_NAME = "dedup_kafka"
 
-# Spark's Kafka source schema, with includeHeaders=true.
-SCHEMA = KAFKA_SCHEMA
+SCHEMA = KAFKA_SCHEMA  # Spark's Kafka source schema, with includeHeaders=true
 
 # {topic: {partition: next offset}}; the JSON form has string partition keys.
 Offsets = dict[str, dict[int, int]]
@@ -79,13 +74,12 @@ PROBE_TIMEOUT_S = 30.0
 READ_STALL_TIMEOUT_S = 60.0
 # Most messages per consume call, and so per Arrow batch handed to Spark.
 ARROW_BATCH_ROWS = 10_000
-# A reader knows where its range ends: it wants each fetch answered at once (a broker
-# that holds fetches for their whole wait, as the test broker does, would pace it).
+# A reader knows where its range ends: each fetch should be answered at once.
 READ_FETCH_WAIT_MS = 10
 
 
 class KafkaSourceError(RuntimeError):
-    """The broker did not answer as a Kafka source needs (timeout, lost data, bad option)."""
+    """The broker did not answer as the source needs (timeout, lost data, bad option)."""
 
 
 # ---------------------------------------------------------------------------
@@ -188,7 +182,7 @@ def _consumer(client_config: Mapping[str, str], **extra: Any) -> Any:
 
 
 def partitions_of(consumer: Any, topics: Sequence[str]) -> list[TopicPartitionKey]:
-    """Every (topic, partition) the cluster metadata lists now; unknown topics have none."""
+    """Every (topic, partition) the cluster metadata lists now (none for unknown topics)."""
     found: list[TopicPartitionKey] = []
     for topic in topics:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)

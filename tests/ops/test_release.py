@@ -86,6 +86,7 @@ def test_the_wheel_carries_every_module_the_scripts_and_the_command(dist: Path) 
             assert module.relative_to(REPO).as_posix() in names, module
     lua = {p.relative_to(REPO).as_posix() for p in (REPO / "gateway/quorum/lua").glob("*.lua")}
     assert lua and lua <= names
+    assert "spark_sink/log4j2.properties" in names  # the job's driver logging
     assert not [n for n in names if n.startswith(("tests/", "devtools/", "bench/"))]
     assert "dedup-gateway = gateway.cli:main" in entry_points
     assert metadata["Version"] == VERSION

@@ -18,7 +18,8 @@ from pyspark.sql import SparkSession
 
 from devtools.jars import spark_kafka_jars
 from gateway.contract.tokens import owner_token
-from spark_sink.job import DEFAULT_CONF, python_source_missing
+from spark_sink.connector import python_source_missing
+from spark_sink.job import DEFAULT_CONF
 
 # Why this pyspark cannot run spark_sink.kafka_source (None: it can, 4.2+).
 PYTHON_SOURCE_MISSING = python_source_missing()

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -110,7 +111,11 @@ def test_until_idle_on_a_clean_topic_without_records_yet_exits_0_and_counts_noth
     report = json.loads(ran.stdout.strip().splitlines()[-1])
     assert report == {"batches": 0, "input_rows": 0, "processed": 0, "failed": 0,
                       "releases_published": 0, "written": 0, "output_rows": 0,
-                      "source": "kafka"}  # fmt: skip
+                      "source": "kafka", "delivery_dedup": True}  # fmt: skip
+    # Spark's log through the shipped log4j2.properties: nothing below WARN; no stage
+    # progress bars (stderr is a pipe here).
+    assert not re.search(r"^\d\d/\d\d/\d\d [\d:]{8} (INFO|DEBUG) ", ran.stderr, re.M), ran.stderr
+    assert "[Stage " not in ran.stderr
     # Spark's first batch ran, empty: nothing is output, nothing left staged.
     assert list((tmp_path / "var" / "spark" / "output").rglob("batch_id=*")) == []
 

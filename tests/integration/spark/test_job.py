@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -22,15 +23,11 @@ from pyspark.sql import functions as F
 from devtools.handlers import failing_ids
 from devtools.topics import create_topics, read_topic
 from spark_sink.config import SinkSettings, load_sink_settings
+from spark_sink.connector import connector_available, spark_version
+from spark_sink.files import CheckpointFiles
 from spark_sink.handlers import orders
-from spark_sink.job import (
-    connector_available,
-    make_sink,
-    run_until_idle,
-    spark_version,
-    start_query,
-)
-from spark_sink.sink import OUTCOMES_MARKER, BatchSink, CheckpointFiles, parse_outcomes_marker
+from spark_sink.job import make_sink, run_until_idle, start_query
+from spark_sink.sink import OUTCOMES_MARKER, BatchSink, parse_outcomes_marker
 from tests.integration.spark.session import PYTHON_SOURCE, Clean, order, produce, source_token
 
 pytestmark = [pytest.mark.spark, pytest.mark.spark_compat]
@@ -137,8 +134,10 @@ def test_a_replayed_delivery_is_dropped_and_each_new_source_record_or_attempt_pa
     """The gateway's crash window forwards one raw record again, with the same token:
     the sink keeps the first. A retry (next attempt), a producer resend after a
     release and an operator redrive are new source records or attempts under the same
-    id, with new tokens: each is new work."""
+    id, with new tokens: each is new work. `delivery_dedup = "auto"` on an at-least-once
+    clean topic (`[kafka] exactly_once = "off"`) is on."""
     settings = make_settings(source, max_records_per_batch=4)
+    settings.kafka.exactly_once = "off"
     first = [order(n, partitions=3) for n in range(6)]
     replays = [order(n, partitions=3) for n in (1, 2, 4)]  # the same raw records again
     retry = order(3, partitions=3, attempt=2)
@@ -147,6 +146,7 @@ def test_a_replayed_delivery_is_dropped_and_each_new_source_record_or_attempt_pa
     produce(broker, settings.kafka.clean_topic, [*first, *replays, retry, resent, redriven])
 
     report = run_until_idle(settings, spark=spark)
+    assert report.delivery_dedup
     assert (report.input_rows, report.processed) == (12, 9)
 
     # A replay arriving in a later run is still inside the window (state is checkpointed);
@@ -163,6 +163,46 @@ def test_a_replayed_delivery_is_dropped_and_each_new_source_record_or_attempt_pa
         + [("o-3", "raw/0/3", 2), ("o-4", "raw/1/104", 1), ("o-5", "raw/2/205", 1)]
         + [("o-0", "raw/0/300", 1)]
     )
+
+
+def produce_in_transactions(broker: str, topic: str, batches: list[tuple[list[Clean], bool]]):
+    """Each batch in a transaction of its own, committed or aborted (as the gateway's
+    exactly-once output does with a raw batch's copies)."""
+    producer = Producer({"bootstrap.servers": broker, "transactional.id": f"{topic}-txn",
+                         "log_level": 3})  # fmt: skip
+    producer.init_transactions(30)
+    for records, commit in batches:
+        producer.begin_transaction()
+        for rec in records:
+            producer.produce(topic, key=rec.key, value=rec.value, partition=rec.partition,
+                             headers=rec.headers())  # fmt: skip
+        producer.flush(30)
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+
+
+def test_without_the_delivery_dedup_aborted_copies_are_never_read_and_committed_ones_once(
+    spark, broker, make_settings
+):
+    """`delivery_dedup = "auto"` where every path into the clean topic is transactional:
+    off, no state store. A batch the gateway wrote in a transaction that aborted (killed
+    between its copies' acknowledgement and its commit) is never read under
+    read_committed; its replay, committed, is processed once. A repeat committed under
+    the same token (what only a non-transactional path can write) is not dropped."""
+    settings = make_settings(max_records_per_batch=5)
+    settings.kafka.exactly_once = "on"
+    settings.failures.mode = "release"
+    first = [order(n, partitions=3) for n in range(4)]
+    crashed = [order(n, partitions=3) for n in range(4, 8)]
+    produce_in_transactions(
+        broker, settings.kafka.clean_topic,
+        [(first, True), (crashed, False), (crashed, True), ([order(0, partitions=3)], True)],
+    )  # fmt: skip
+
+    report = run_until_idle(settings, spark=spark)
+    assert not report.delivery_dedup
+    assert (report.input_rows, report.processed, report.written) == (9, 9, 9)
+    ids = Counter(r.dedup_id for r in output(spark, settings))
+    assert ids == Counter([f"o-{n}" for n in range(8)] + ["o-0"])
 
 
 def test_a_failed_record_whose_id_is_not_utf8_is_released_under_its_exact_bytes(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,6 +22,7 @@ def test_defaults():
     assert settings.spark.trigger_interval == timedelta(seconds=5)
     assert settings.spark.dedup_watermark == timedelta(minutes=10)
     assert settings.spark.source == "auto"
+    assert settings.spark.delivery_dedup == "auto"
     assert (settings.log.level, settings.log.json_format) == ("INFO", False)
 
 
@@ -52,6 +52,7 @@ def test_shared_toml_file_gateway_sections_ignored_and_env_overrides(tmp_path: P
         ({"dedup_watermark": "soon"}, "spark.dedup_watermark", "duration"),
         ({"trigger_interval": "0s"}, "spark.trigger_interval", "positive"),
         ({"source": "jdbc"}, "spark.source", "auto"),
+        ({"delivery_dedup": "yes"}, "spark.delivery_dedup", "auto"),
     ],
 )
 def test_bad_spark_setting_is_named(spark, setting, hint):
@@ -75,25 +76,16 @@ def test_command_line_reports_a_bad_config_and_exits_2(tmp_path: Path, capsys):
     assert "invalid setting spark.source" in capsys.readouterr().err
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    root, py4j = logging.getLogger(), logging.getLogger("py4j")
-    handlers, level, py4j_level = root.handlers[:], root.level, py4j.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    py4j.setLevel(py4j_level)
-
-
 def test_command_line_configures_logging_from_the_log_section(
     tmp_path: Path, monkeypatch, capsys, restore_logging
 ):
     import spark_sink.__main__ as entry
+    from spark_sink import job
 
     path = tmp_path / "gateway.toml"
     path.write_text('[log]\nlevel = "WARNING"\njson = true\n')
     ran: list[object] = []
-    monkeypatch.setattr(entry, "run_forever", ran.append)
+    monkeypatch.setattr(job, "run_forever", ran.append)
     assert entry.main(["--config", str(path)]) == 0
     assert len(ran) == 1
 

@@ -10,8 +10,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_sink import sink as sink_module
+from spark_sink.files import CheckpointFiles
 from spark_sink.handlers import Handler, passthrough
-from spark_sink.sink import OUTCOMES_MARKER, BatchSink, CheckpointFiles
+from spark_sink.sink import OUTCOMES_MARKER, BatchSink
 from spark_sink.transforms import KAFKA_SCHEMA as SCHEMA
 from spark_sink.transforms import parse_dedup_headers
 
