@@ -22,6 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from gateway.contract.commands import Fields as Command
 from gateway.contract.records import H_ATTEMPT as HEADER_ATTEMPT
 from gateway.contract.records import H_ID as HEADER_ID
 from gateway.contract.records import H_REASONS as HEADER_REASONS
@@ -223,18 +224,18 @@ def release_command() -> Column:
     parts = [F.regexp_extract(F.col("dedup_source"), _SOURCE_PATTERN, i) for i in (1, 2, 3)]
     # Spark's base64 breaks lines every 76 characters (MIME); the command wants one string.
     id_b64 = F.regexp_replace(F.base64(F.col(ID_BYTES)), r"[\r\n]", "")
-    body = F.struct(
-        F.col("dedup_id").alias("id"),
-        id_b64.alias("id_b64"),
-        F.col("dedup_token").alias("token"),
-        F.col(REASON).cast("string").alias("reason"),
+    body = F.struct(  # the field names gateway.contract.commands reads
+        F.col("dedup_id").alias(Command.ID),
+        id_b64.alias(Command.ID_B64),
+        F.col("dedup_token").alias(Command.TOKEN),
+        F.col(REASON).cast("string").alias(Command.REASON),
         F.struct(
-            parts[0].alias("topic"),
-            parts[1].cast("int").alias("partition"),
-            parts[2].cast("long").alias("offset"),
-        ).alias("source"),
-        F.col("dedup_attempt").cast("int").alias("attempt"),
-        F.col("dedup_reasons").alias("reasons"),
+            parts[0].alias(Command.TOPIC),
+            parts[1].cast("int").alias(Command.PARTITION),
+            parts[2].cast("long").alias(Command.OFFSET),
+        ).alias(Command.SOURCE),
+        F.col("dedup_attempt").cast("int").alias(Command.ATTEMPT),
+        F.col("dedup_reasons").alias(Command.REASONS),
     )
     releasable = (
         F.col(REASON).isNotNull()

@@ -10,8 +10,9 @@ what the gateway uses when present, so ids that are not UTF-8 survive the
 round trip through Spark. Whatever the value holds, parsing returns a
 `Command` whose text fields can be encoded again (lone surrogates escaped),
 whose numbers fit Kafka's types and whose reasons are bounded, or raises
-`InvalidCommand` with a reason code. Shared by the gateway (`gateway.failures.loop`)
-and the Spark job (`spark_sink.transforms` builds the same shape).
+`InvalidCommand` with a reason code. One wire format, both sides: the field names are
+`Fields`', which the gateway reads here (`gateway.failures.loop` parses with
+`parse_command`) and the Spark job writes with (`spark_sink.transforms`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ MAX_COMMAND_BYTES = 1_048_576  # larger values are not commands we sent
 MAX_REASON_CHARS = 1_000  # a reason rides on every later retry's headers: keep it short
 MAX_PARTITION = 2**31 - 1  # Kafka's int32
 MAX_OFFSET = 2**63 - 1  # Kafka's int64
+
+
+class Fields:
+    """The command's JSON field names."""
+
+    ID = "id"
+    ID_B64 = "id_b64"
+    TOKEN = "token"
+    REASON = "reason"
+    SOURCE = "source"
+    TOPIC = "topic"
+    PARTITION = "partition"
+    OFFSET = "offset"
+    ATTEMPT = "attempt"
+    REASONS = "reasons"
 
 
 @dataclass(frozen=True)
@@ -61,17 +77,18 @@ def parse_command(rec: Record) -> Command:
         raise InvalidCommand("not_json", f"{type(exc).__name__}: {exc}"[:200]) from None
     if not isinstance(body, dict):
         raise InvalidCommand("not_object", "command is not a JSON object")
-    source = body.get("source")
+    source = body.get(Fields.SOURCE)
     try:
-        readable, token = body["id"], body["token"]
-        topic, partition, offset = source["topic"], source["partition"], source["offset"]  # type: ignore[index]
+        readable, token = body[Fields.ID], body[Fields.TOKEN]
+        topic = source[Fields.TOPIC]  # type: ignore[index]
+        partition, offset = source[Fields.PARTITION], source[Fields.OFFSET]  # type: ignore[index]
     except (KeyError, TypeError):
         raise InvalidCommand(
             "missing_field", "needs id, token, source.topic/partition/offset"
         ) from None
-    attempt = body.get("attempt", 1)
-    reasons = body.get("reasons", [])
-    reason = body.get("reason", "")
+    attempt = body.get(Fields.ATTEMPT, 1)
+    reasons = body.get(Fields.REASONS, [])
+    reason = body.get(Fields.REASON, "")
     checks = [
         isinstance(readable, str) and readable != "",
         isinstance(token, str) and token.isascii() and token.isdigit(),
@@ -99,7 +116,7 @@ def parse_command(rec: Record) -> Command:
 
 def _id_bytes(body: dict[str, object], readable: str) -> bytes:
     """The exact id: `id_b64` when present, else `id` as UTF-8 (a lone surrogate is bad input)."""
-    encoded = body.get("id_b64")
+    encoded = body.get(Fields.ID_B64)
     if encoded is not None:
         if not isinstance(encoded, str):
             raise InvalidCommand("bad_field", "id_b64 is not a string")
