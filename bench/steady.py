@@ -10,7 +10,9 @@ script leaves (gateway/quorum/keys.py: the slice meta's `id`, `live`,
 with their expiry), and ends the last one: the next claim opens a new slice
 that searches them, and fills its own buckets from empty to `fill` marks each
 when the run claims `buckets` x `fill` new ids. Random digests, so a bucket
-holds `fill` marks on average, as in production. The marks of a (buckets,
+holds `fill` marks on average, as in production; the next slice opens with
+`buckets` x `fill` / 32 buckets, as one opened after such a slice does (and
+splits them as it fills past ~32 each). The marks of a (buckets,
 fill) are generated once per process and written to every member, which
 holds every mark in production too.
 """
@@ -73,6 +75,7 @@ async def fill_older(
             "id": slice_id,
             "ends": 0,  # ended: the next claim opens the next slice
             f"buckets:{slice_id}": buckets,
+            f"marks:{slice_id}": buckets * fill,  # sizes the next slice (prelude.lua)
             f"expires:{slice_id}": expires,
             "live": live,
         }

@@ -189,10 +189,10 @@ class RedisSettings(_Section):
     ttl: Duration = timedelta(hours=24)
     # No braces: a cluster member's keys put their hash tag after it.
     key_prefix: str = Field(default="dd:", max_length=32, pattern=r"^[^{}]*$")
-    # Hash buckets per time slice that marks are spread over (gateway/quorum/keys.py):
-    # about 32 marks per bucket, i.e. distinct ids per ttl / 2 / 32 (a lookup scans its
-    # bucket: ~300 per bucket costs a few bytes less per mark and about twice the
-    # Redis CPU per new id). Each live bucket costs about one Redis key.
+    # Hash buckets of a member's first time slice (gateway/quorum/keys.py): later
+    # slices open with the marks of the one before / 32, and every slice splits its
+    # buckets as it fills past ~32 marks each (a lookup scans its bucket: ~300 per
+    # bucket cost about twice the Redis CPU per new id), so this needs no sizing.
     buckets: int = Field(default=16_384, ge=1, le=2**24)
     # Per-member bound on one round trip (up to sizing.CHUNKS_PER_TRIP chunks of
     # sizing.CHUNK_DIGESTS digests); a slower member counts as no answer.

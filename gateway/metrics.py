@@ -163,6 +163,14 @@ class Metrics:
             ["redis"],
             registry=r,
         )
+        self.redis_marks_per_bucket = Gauge(
+            f"{PREFIX}_redis_marks_per_bucket",
+            "Marks per bucket of the member's current time slice (its buckets split to "
+            "keep ~32: gateway/quorum/keys.py); read every [redis] ping_interval",
+            ["redis"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.repair_backlog = Gauge(
             f"{PREFIX}_repair_backlog",
             "Marks waiting to be completed on a member that missed their vote",

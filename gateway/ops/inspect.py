@@ -23,6 +23,7 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
     digest = mark_digest(message_id)
     try:
         views = await quorum.inspect(digest)
+        fills = await quorum.slice_fill()
     finally:
         await quorum.close()
     names = [inst.name for inst in quorum.members]
@@ -31,15 +32,21 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
         print_json({
             **id_fields(message_id), "digest": digest.hex(),
             "instances": [{"instance": name, "answered": view is not None,
-                           **(asdict(view) if view is not None else {})}
-                          for name, view in zip(names, views, strict=True)],
+                           **(asdict(view) if view is not None else {}),
+                           **({"slice_marks": fill[0], "slice_buckets": fill[1]}
+                              if fill is not None else {})}
+                          for name, view, fill in zip(names, views, fills, strict=True)],
             "waiting": None if waiting is None else [asdict(w) for w in waiting.waiting],
         })  # fmt: skip
         return 0
     shown = id_fields(message_id)
     print(f"marks for id {shown['id']} (base64 {shown['id_b64']}, digest {digest.hex()})")
-    rows = [_inspect_row(name, view) for name, view in zip(names, views, strict=True)]
-    print(table(("instance", "owner token", "ttl", "bucket", "last handover by"), rows))
+    rows = [
+        [*_inspect_row(name, view), _fill_text(fill)]
+        for name, view, fill in zip(names, views, fills, strict=True)
+    ]
+    print(table(("instance", "owner token", "ttl", "bucket", "last handover by",
+                 "current slice: marks per bucket"), rows))  # fmt: skip
     if settings.delay.enabled:  # scheduled delivery: a read of what waits in the tiers
         await _print_waiting(settings, message_id)
     return 0
@@ -85,3 +92,11 @@ def _inspect_row(name: str, view: MarkView | None) -> list[str]:
         owner = f"released (was {owner[1:]})"
     return [name, owner, ttl_text(view.ttl_ms), view.encoding or "",
             view.handed_over_by or ""]  # fmt: skip
+
+
+def _fill_text(fill: tuple[int, int] | None) -> str:
+    """A member's current slice: its marks per bucket (~32 kept by splitting buckets)."""
+    if fill is None:
+        return ""
+    marks, buckets = fill
+    return f"{marks / buckets:.1f} ({marks:,} in {buckets:,})" if buckets else "no slice yet"

@@ -6,6 +6,9 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
     <prefix>m:<slice>:<shard>   hash   field <digest>  ->  value <owner token>
     <prefix>slice               hash   id -> current slice, ends -> its end (ms),
                                        buckets:<slice> -> that slice's bucket count
+                                       when it opened, grown:<slice> -> its
+                                       count now (absent: no split), marks:<slice>
+                                       -> the marks its claims added (below)
                                        first -> the oldest slice id that may hold
                                        marks (absent: 1; lower after a rebuild),
                                        expires:<slice> -> the latest expiry (ms)
@@ -65,18 +68,32 @@ given a new, recovering epoch (gateway/quorum/epochs.py, `_spread`).
   slices of ttl/SLICES_BACK; a slice's buckets expire `ttl` after the slice
   ends, so a mark lives between ttl and ttl*(1 + 1/SLICES_BACK). A lookup
   searches the current slice and the older ones whose buckets still live, by
-  time: when a slice opens, the previous slice and those the previous one
+  time (SLICES_BACK is 1: slices of `ttl`, marks held 1 to 2 windows, one
+  older slice searched per new id; it was 2, slices of ttl/2, until the
+  benchmark in host units showed the second older lookup cost a third of a
+  new id's Redis CPU, bench/RESULTS.md "The mark store, round 2"): when a
+  slice opens, the previous slice and those the previous one
   searched are kept in `live` while their `expires:<slice>` is later than
   now (with an unchanged ttl, the SLICES_BACK before it; after `ttl` is
   lowered, also the slices claimed under the old ttl, until their marks
   expire: a count of slices would drop them early). A slice opened without
   `live` (by an older gateway) searches the SLICES_BACK before it.
-- `shard` is the digest's first 3 bytes modulo `[redis] buckets`. A slice
-  keeps the `buckets` and length it opened with (in `<prefix>slice`), so a
-  changed setting takes effect at the next slice and hides no live mark.
-  Redis keeps a hash compact up to `hash-max-listpack-entries` fields (512 by
-  default); past that a bucket turns into a hash table: still correct, at
-  60-110 bytes per mark. docs/operations.md sizes `buckets`. A rebuild may
+- `shard` comes from h, the digest's first 3 bytes, by linear hashing: a slice
+  opens with `buckets:<slice>` = b buckets (the marks of the slice before / 32;
+  `[redis] buckets` for a member's first slice) and grows to n = `grown:<slice>`
+  by splitting one bucket at a time: with m the largest b x 2^k <= n, a digest
+  is in bucket h % m, or h % 2m when h % m < n - m (split already). A claim that
+  takes the slice past 32 marks per bucket splits bucket n - m into itself and
+  bucket n, moving the marks whose h % 2m is n (scripts.BUCKET_FILL, at most
+  scripts.MAX_SPLITS per call; at most 2^24 buckets). So a bucket holds ~16-64
+  marks whatever the rate or the setting: a lookup scans its bucket, and ~300
+  per bucket cost twice the Redis CPU per new id. Only the current slice
+  splits; an older one keeps the count it reached (in `<prefix>slice`), so a
+  changed setting hides no live mark. A gateway from before splits computes
+  h % buckets and misses moved marks: upgrading needs every older gateway
+  stopped first (docs/operations.md, "Sizing Redis"). Redis keeps a hash
+  compact up to `hash-max-listpack-entries` fields (512 by default), which the
+  splits keep a bucket far below. A rebuild may
   add marks to slices older than the member's own (`first`), so a copied
   mark keeps about its original lifetime.
 - A bucket's expiry is checked (PTTL) the first time the current slice writes
@@ -87,9 +104,10 @@ given a new, recovering epoch (gateway/quorum/epochs.py, `_spread`).
   starts the ledger again, so it takes effect at once for every mark written
   after it; a gateway with a lower `ttl` gives the slice's buckets the longer
   expiry. A bucket whose bit is set is never emptied (Redis would delete it,
-  and a mark written there again would have no expiry): the one script that
-  removes a field from a current slice's bucket is a claim undoing the field
-  it just added, which empties only a bucket it created, whose bit is unset.
+  and a mark written there again would have no expiry): the scripts that
+  remove a field from a current slice's bucket are a claim undoing the field
+  it just added, which empties only a bucket it created, whose bit is unset,
+  and a split that moves every mark of its bucket, which clears the bit.
 
 Epochs: a member that restarts empty (or is flushed, or replaced) forgets
 its marks; counted in a vote it would call old ids new. Its epoch key says
@@ -113,7 +131,7 @@ data began) and a state. Gateways agree through the key itself:
   - otherwise not yet: it is not counted, and asked again at the next read.
 - A `recovering` member takes claims (so it fills up) but its answers do
   not count, until `dedup-gateway rebuild` copies the live marks into it and
-  sets it `trusted`, or until 1.5 x ttl after `since_ms` (every mark it could
+  sets it `trusted`, or until 2 x ttl after `since_ms` (every mark it could
   have missed has expired everywhere); the first gateway to see that sets it
   `trusted`. The id never changes while the data lives, so a gateway that
   knows the id never mistakes a rebuilt member for a lost one.

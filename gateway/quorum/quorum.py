@@ -238,9 +238,25 @@ class Quorum:
 
     async def check(self) -> None:
         """Read every member's epoch (which pings it), then send queued fills to
-        the members that answer."""
+        the members that answer, and read their current slice's fill (the metric)."""
         await self.refresh_epochs()
         await asyncio.gather(*(self._drain(inst) for inst in self.members if inst.up))
+        for inst, fill in zip(self.members, await self.slice_fill(), strict=True):
+            if fill is not None and fill[1]:
+                self.metrics.redis_marks_per_bucket.labels(inst.name).set(fill[0] / fill[1])
+
+    async def slice_fill(self) -> list[tuple[int, int] | None]:
+        """Per member, its current slice's (marks, buckets) (scripts.SLICE_FILL; a
+        cluster member's first key group, whose share is any group's); None for no
+        answer, (0, 0) before its first claim."""
+
+        async def one(inst: MemberLink) -> tuple[int, int] | None:
+            if not inst.up:
+                return None
+            got = await self.run_script(inst, "slice_fill", list(inst.groups[0].layout))
+            return None if got is None else (int(got[0]), int(got[1]))
+
+        return list(await asyncio.gather(*(one(i) for i in self.members)))
         await self.behind.note(self.behind.holding())  # a live run's notes never go stale
         self.catch_up.start()  # a member behind: gateway/quorum/catchup.py
 

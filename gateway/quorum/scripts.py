@@ -41,13 +41,24 @@ from importlib import resources
 # name upper-cased).
 NAMES = ("claim", "fill", "repair", "release", "handover", "mark_done", "inspect", "delete",
          "export", "lookup", "import", "epoch_read", "epoch_create", "epoch_set", "epoch_copy",
-         "epoch_spread", "pause", "coalesce_update", "coalesce_close", "behind")  # fmt: skip
+         "epoch_spread", "pause", "coalesce_update", "coalesce_close", "behind",
+         "slice_fill")  # fmt: skip
 
 # SLICES_BACK: slices older than the current one that may still hold live
 # marks. A slice lasts ttl/SLICES_BACK and its buckets expire `ttl` after it
 # ends, so every mark lives between ttl and ttl * (1 + 1/SLICES_BACK), and
 # the slice before the oldest one searched has always expired (see keys.py).
-SLICES_BACK = 2
+# One (slices of `ttl`): a new id is looked up in one older slice, not two, for
+# marks held 1-2 windows instead of 1-1.5 (bench/RESULTS.md, "The mark store,
+# round 2").
+SLICES_BACK = 1
+
+# BUCKET_FILL: marks per bucket a slice is sized for and grows to keep (prelude.lua, `grow`);
+# MAX_SPLITS bounds a claim call's splits, MAX_BUCKETS a slice's buckets (the
+# digest's 24 bits that pick a bucket).
+BUCKET_FILL = 32
+MAX_SPLITS = 32
+MAX_BUCKETS = 2**24
 
 # A bucket whose expiry is within this of its slice's is left as it is: PTTL is
 # read a little after the script read TIME. Raising `ttl` by less is not applied.
@@ -71,9 +82,15 @@ def _text(name: str) -> tuple[list[str], str]:
 
 def _prelude() -> str:
     _, text = _text("prelude")
-    return text.replace("${SLICES_BACK}", str(SLICES_BACK)).replace(
-        "${EXPIRY_SLACK_MS}", str(EXPIRY_SLACK_MS)
-    )
+    for name, value in (
+        ("SLICES_BACK", SLICES_BACK),
+        ("EXPIRY_SLACK_MS", EXPIRY_SLACK_MS),
+        ("FILL", BUCKET_FILL),
+        ("MAX_SPLITS", MAX_SPLITS),
+        ("MAX_BUCKETS", MAX_BUCKETS),
+    ):
+        text = text.replace("${" + name + "}", str(value))
+    return text
 
 
 PRELUDE = _prelude()
@@ -106,3 +123,4 @@ PAUSE = load("pause")
 COALESCE_UPDATE = load("coalesce_update")
 COALESCE_CLOSE = load("coalesce_close")
 BEHIND = load("behind")
+SLICE_FILL = load("slice_fill")

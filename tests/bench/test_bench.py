@@ -15,6 +15,7 @@ from bench.measure import FLOOR, ThroughputRun
 from bench.processes import ScrapedCounts
 from bench.steady import SIZING_FILL
 from bench.variants import VARIANTS
+from gateway.quorum.scripts import SLICES_BACK
 
 # The in-process and process variants; the spark ones have their own test (a Spark session).
 GATEWAY_SIDE = [v.name for v in VARIANTS if not v.opt_in and v.kind != "spark"]
@@ -93,14 +94,14 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     assert "| gateway-3 p99 over broker-floor, ms | 500/s |" in text
     assert "| gateway-3-cluster / gateway-3 |" in text and "cluster member (" in text
     # The product ran on members filled to steady state (--fill, default SIZING_FILL:
-    # a new id searched in three slices); gateway-3-fresh on empty ones, default buckets.
+    # a new id searched in SLICES_BACK + 1 slices); gateway-3-fresh on empty ones.
     for r in runs:
         if r["variant"] in ("gateway-3", "gateway-5", "gateway-3x1"):
-            assert r["live_slices"] == 3, r
+            assert r["live_slices"] == SLICES_BACK + 1, r
             assert abs(r["marks_per_bucket"] - SIZING_FILL) < 1, r
         if r["variant"] in ("gateway-3-fresh", "gateway-3-cluster"):
             assert r["live_slices"] == 1 and r["marks_per_bucket"] < 1, r
-    assert f"3 live slices, ~{SIZING_FILL} marks per bucket | <= 4 |" in text
+    assert f"{SLICES_BACK + 1} live slices, ~{SIZING_FILL} marks per bucket | <= 4 |" in text
     assert "| Redis CPU per new id, gateway-3-fresh, µs | per instance, 0% dups, 1 live" in text
     # Exactly-once output: gateway-3-eos wrote its copies in transactions, none aborted, and
     # a read_committed reader saw each id once; gateway-3 (at-least-once) wrote none.

@@ -20,9 +20,11 @@ if mismatch then return mismatch end
 local slices, at, now = open_slice()
 local ledger = ledger_of(slices, at)
 local out = {}
-local i = 0
+local i, added, a = 0, 0, 0
 for owner in string.gmatch(owners, '([^,]+),') do
   i = i + 1
-  out[i] = claim(slices, string.sub(digests, (i - 1) * len + 1, i * len), owner, now, ledger)
+  out[i], a = claim(slices, string.sub(digests, (i - 1) * len + 1, i * len), owner, now, ledger)
+  added = added + a
 end
+if added > 0 then grow(slices, ledger, now, added) end
 return out

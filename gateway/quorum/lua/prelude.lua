@@ -2,6 +2,7 @@
 -- the common arguments, the slices in force, the bucket of a digest.
 
 local SLICES_BACK, SLACK = ${SLICES_BACK}, ${EXPIRY_SLACK_MS}
+local FILL, MAX_SPLITS, MAX_BUCKETS = ${FILL}, ${MAX_SPLITS}, ${MAX_BUCKETS}
 local prefix, ttl = ARGV[1], tonumber(ARGV[2])
 local slice_ms, buckets = tonumber(ARGV[3]), tonumber(ARGV[4])
 local meta = KEYS[1]
@@ -31,21 +32,36 @@ local function older_of(id, live)
   return list
 end
 
--- The slices to search, newest first: {bucket name prefix, bucket count, id}:
--- slice `id` and its `older` ones. Each slice keeps the bucket count it opened
--- with, so changing `buckets` (or `ttl`) takes effect at the next slice and
--- never hides a live mark. `first`: the oldest slice that may exist (1, or
--- lower after a rebuild copied marks).
+-- A slice's buckets grow one at a time (linear hashing, gateway/quorum/keys.py):
+-- `base` buckets when it opened, `n` now. `m` is the largest base x 2^k <= n: a
+-- digest hashed h is in bucket h % m, or h % 2m once bucket h % m was split
+-- (h % m < n - m). With n = base (no split) it is h % base, as before growth.
+local function slice_entry(id, base, n)
+  n = n or base
+  local m = base
+  while m * 2 <= n do m = m * 2 end
+  return {fmt('%sm:%d:', prefix, id), n, id, m}
+end
+
+-- The slices to search, newest first: {bucket name prefix, bucket count, id,
+-- modulus}: slice `id` and its `older` ones. Each slice keeps the bucket count it
+-- opened with and grew to (`buckets:<id>`, `grown:<id>`), so changing `buckets`
+-- (or `ttl`) takes effect at the next slice and never hides a live mark.
+-- `first`: the oldest slice that may exist (1, or lower after a rebuild copied marks).
 local function slices_from(id, older)
-  local fields = {'first', 'buckets:' .. id}
-  for k = 1, #older do fields[k + 2] = 'buckets:' .. older[k] end
+  local fields = {'first', 'buckets:' .. id, 'grown:' .. id}
+  for k = 1, #older do
+    fields[2 * k + 2] = 'buckets:' .. older[k]
+    fields[2 * k + 3] = 'grown:' .. older[k]
+  end
   local got = redis.call('HMGET', meta, unpack(fields))
   local first, list = tonumber(got[1]) or 1, {}
   if id < first then return list end
-  list[1] = {fmt('%sm:%d:', prefix, id), tonumber(got[2]) or buckets, id}
+  list[1] = slice_entry(id, tonumber(got[2]) or buckets, tonumber(got[3]))
   for k = 1, #older do
     if older[k] < first then break end
-    list[#list + 1] = {fmt('%sm:%d:', prefix, older[k]), tonumber(got[k + 2]) or buckets, older[k]}
+    list[#list + 1] = slice_entry(older[k], tonumber(got[2 * k + 2]) or buckets,
+                                  tonumber(got[2 * k + 3]))
   end
   return list
 end
@@ -72,8 +88,9 @@ local function still_live(id, older, now)
     if (expires and expires > now) or (not expires and s > id - SLICES_BACK) then
       keep[#keep + 1] = s
     else
-      gone[#gone + 1] = 'buckets:' .. s
-      gone[#gone + 1] = 'expires:' .. s
+      for _, field in ipairs({'buckets:', 'expires:', 'grown:', 'marks:'}) do
+        gone[#gone + 1] = field .. s
+      end
     end
   end
   if #gone > 0 then redis.call('HDEL', meta, unpack(gone)) end
@@ -89,9 +106,16 @@ local function open_slice()
   local id, ends = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
   local older = older_of(id, cur[3])
   if now >= ends then
+    -- Sized for FILL marks per bucket at the rate the slice before saw (`buckets`
+    -- for a member's first slice); it splits buckets as it fills past that (`grow`).
+    local size = buckets
+    if id > 0 then
+      local marks = tonumber(redis.call('HGET', meta, 'marks:' .. id))
+      if marks then size = math.max(1, math.min(MAX_BUCKETS, math.ceil(marks / FILL))) end
+    end
     older = id > 0 and still_live(id, older, now) or {}
     id, ends = id + 1, now + slice_ms
-    redis.call('HSET', meta, 'id', id, 'ends', fmt('%d', ends), 'buckets:' .. id, buckets,
+    redis.call('HSET', meta, 'id', id, 'ends', fmt('%d', ends), 'buckets:' .. id, size,
                'live', live_field(id, older))
   end
   return slices_from(id, older), ends + ttl, now
@@ -111,7 +135,9 @@ end
 
 -- The bucket of a digest hashed `h` in `slice`, and its index there.
 local function bucket_of(slice, h)
-  local index = h % slice[2]
+  local m = slice[4]
+  local index = h % m
+  if index < slice[2] - m then index = h % (2 * m) end
   return fmt('%s%d', slice[1], index), index
 end
 
@@ -188,6 +214,7 @@ end
 -- that token as released on the instances the release has not reached yet,
 -- gateway/rules/vote.py). To the owner it was released from it stays released
 -- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
+-- Also returns 1 when it added a field to the current slice (`grow` counts them).
 local function claim(slices, digest, owner, now, ledger)
   local h = hash_of(digest)
   local bucket, index = bucket_of(slices[1], h)
@@ -196,11 +223,11 @@ local function claim(slices, digest, owner, now, ledger)
     local _, older = find(slices, digest, h, 2)
     if not older then
       expire(ledger, bucket, index, now)
-      return 1
+      return 1, 1
     end
     if released(older) and older ~= '-' .. owner then
       expire(ledger, bucket, index, now)
-      return '=' .. string.sub(older, 2)
+      return '=' .. string.sub(older, 2), 1
     end
     redis.call('HDEL', bucket, digest)
     held = older
@@ -209,11 +236,11 @@ local function claim(slices, digest, owner, now, ledger)
     if released(held) and held ~= '-' .. owner then
       redis.call('HSET', bucket, digest, owner)
       expire(ledger, bucket, index, now)
-      return '=' .. string.sub(held, 2)
+      return '=' .. string.sub(held, 2), 0
     end
   end
-  if held == owner then return 1 end
-  return held
+  if held == owner then return 1, 0 end
+  return held, 0
 end
 
 -- Write a mark into the current slice, whoever held the digest there.
@@ -221,6 +248,45 @@ local function put(slices, digest, owner, now, ledger)
   local bucket, index = bucket_of(slices[1], hash_of(digest))
   redis.call('HSET', bucket, digest, owner)
   expire(ledger, bucket, index, now)
+end
+
+-- Count `added` new marks in the current slice and split its buckets while it
+-- holds more than FILL per bucket (linear hashing: bucket n - m splits into itself
+-- and n, by one more bit of h), at most MAX_SPLITS per call, so a bucket stays
+-- near FILL marks whatever the rate or the `buckets` setting (~300 per bucket
+-- cost about twice the Redis CPU per new id, bench/RESULTS.md). A split that
+-- moves every mark of its bucket empties it (Redis deletes it): its ledger bit
+-- is cleared, so the next write there gives it its expiry again.
+local function grow(slices, ledger, now, added)
+  local cur = slices[1]
+  local marks = redis.call('HINCRBY', meta, 'marks:' .. cur[3], added)
+  local n, m, splits = cur[2], cur[4], 0
+  while marks > FILL * n and n < MAX_BUCKETS and splits < MAX_SPLITS do
+    local p = n - m
+    local from, to = fmt('%s%d', cur[1], p), fmt('%s%d', cur[1], n)
+    local all = redis.call('HGETALL', from)
+    local moved, fields = {}, {}
+    for j = 1, #all, 2 do
+      if hash_of(all[j]) % (2 * m) ~= p then
+        moved[#moved + 1], moved[#moved + 2] = all[j], all[j + 1]
+        fields[#fields + 1] = all[j]
+      end
+    end
+    if #fields > 0 then
+      local left = redis.call('PTTL', from)
+      redis.call('HSET', to, unpack(moved))
+      redis.call('PEXPIREAT', to, fmt('%d', math.max(ledger.at, now + left)))
+      redis.call('SETBIT', ledger.key, n, 1)
+      redis.call('HDEL', from, unpack(fields))
+      if 2 * #fields == #all then redis.call('SETBIT', ledger.key, p, 0) end
+    end
+    n, splits = n + 1, splits + 1
+    if n == 2 * m then m = 2 * m end
+  end
+  if splits > 0 then
+    redis.call('HSET', meta, 'grown:' .. cur[3], n)
+    cur[2], cur[4] = n, m
+  end
 end
 
 -- False when the instance still holds the data the caller knows (its epoch
