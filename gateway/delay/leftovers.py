@@ -18,8 +18,9 @@ the clean topic configured now (the delay loop has one clean topic). Found at
 start-up: a configuration change takes a restart anyway.
 
 With `[delay]` switched off no gateway reads a tier topic, so start-up is refused
-while one of the clean topic's tiers holds records the delay group has not moved
-on (`refuse_stranded_tiers`), naming it: keep `[delay]` on until they are
+while one of the clean topic's tiers, or of a clean topic the delay group read (one
+renamed meanwhile), holds records the delay group has not moved on
+(`refuse_stranded_tiers`), naming it: keep `[delay]` on until they are
 delivered, or delete the topic to give them up.
 """
 
@@ -104,17 +105,20 @@ async def _committed_on(consumer: AIOKafkaConsumer, topic: str) -> bool:
 
 
 async def refuse_stranded_tiers(settings: Settings) -> None:
-    """`[delay]` off: ConfigError naming every tier topic of the clean topic that holds
-    records the delay group has not moved on (module docstring)."""
+    """`[delay]` off: ConfigError naming every tier topic of the clean topic (or of one
+    the delay group read: a renamed clean topic's) that holds records the delay group
+    has not moved on (module docstring)."""
     kafka = settings.kafka
     consumer = build_consumer(kafka, f"{kafka.group_id}.delay")
     await consumer.start()
     try:
-        tiers = sorted(
-            t
-            for t in await consumer.topics()
-            if (tier := tier_of(t)) and tier[0] == kafka.clean_topic
-        )
+        named = {t: tier for t in await consumer.topics() if (tier := tier_of(t))}
+        own = [t for t, tier in named.items() if tier[0] == kafka.clean_topic]
+        # A renamed clean topic's tiers: those of a clean topic the delay group read.
+        others = sorted(t for t in named if t not in own)
+        read = await asyncio.gather(*(_committed_on(consumer, t) for t in others))
+        cleans = {named[t][0] for t, yes in zip(others, read, strict=True) if yes}
+        tiers = sorted([*own, *(t for t in others if named[t][0] in cleans)])
         waiting = await asyncio.gather(*(_not_moved_on(consumer, topic) for topic in tiers))
     finally:
         await stop_within(consumer)

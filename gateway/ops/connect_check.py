@@ -44,6 +44,7 @@ from gateway.ops.topics import TopicSpec, admin_client, existing_topics, needed_
 from gateway.quorum import scripts
 from gateway.quorum.identity import describe, run_id_of, shared
 from gateway.quorum.members import client_for, node_client_for
+from gateway.quorum.scripts import EXPIRY_SLACK_MS
 
 CHECK_TIMEOUT_S = 5.0
 SLOTS = 16384
@@ -184,6 +185,7 @@ async def _member_findings(
         return [
             ok(where, "reached, authenticated"),
             *await _node_findings(client, where, settings.redis.key_prefix, commands),
+            *await _ttl_findings(client, where, settings),
         ]
     findings = [ok(where, "reached, authenticated")]
     served = client.nodes_manager.slots_cache
@@ -243,6 +245,33 @@ async def _node_findings(
             )
     findings.append(await _memory_policy(client, where))
     return findings
+
+
+async def _ttl_findings(client: Any, where: str, settings: Settings) -> list[Finding]:
+    """A WARN when `[redis] ttl` is lower than the one the member's current slice was
+    claimed under (its `expires:<slice>` less its end: gateway/quorum/keys.py)."""
+    meta = f"{settings.redis.key_prefix}slice"
+    try:
+        slice_id, ends = await client.hmget(meta, "id", "ends")
+        expires = await client.hget(meta, f"expires:{int(slice_id)}") if slice_id else None
+    except (RedisError, ValueError):
+        return []
+    if not ends or not expires:
+        return []
+    before_ms = int(expires) - int(ends)
+    now_ms = int(settings.redis.ttl.total_seconds() * 1000)
+    if before_ms <= now_ms + EXPIRY_SLACK_MS:
+        return []
+    return [
+        warn(
+            where,
+            f"[redis] ttl is {now_ms / 1000:g}s, lower than the {before_ms / 1000:g}s the "
+            "member's marks were claimed under: those keep their life, but an id first "
+            f"seen from now on is remembered {now_ms / 1000:g}s only, so a copy arriving "
+            "later than that is forwarded again (docs/operations.md, Changing the "
+            "configuration safely)",
+        )
+    ]
 
 
 async def _memory_policy(client: Any, where: str) -> Finding:
@@ -410,8 +439,15 @@ async def _leftover_findings(admin: AIOKafkaAdminClient, settings: Settings) -> 
     clean = settings.kafka.clean_topic
     runbook = "docs/operations.md, Changing the configuration safely"
     listed = set(await admin.list_topics())
+    try:  # the tiers of a renamed clean topic: the delay group read them
+        read = await admin.list_consumer_group_offsets(f"{settings.kafka.group_id}.delay")
+    except KafkaError:
+        read = {}
+    others = read_clean_topics(settings, {tp.topic for tp in read})
     if not settings.delay.enabled:
-        stranded = sorted(t for t in listed if (tier := tier_of(t)) and tier[0] == clean)
+        stranded = sorted(
+            t for t in listed if (tier := tier_of(t)) and (tier[0] == clean or tier[0] in others)
+        )
         return [
             warn(
                 f"topic {topic}",
@@ -421,11 +457,6 @@ async def _leftover_findings(admin: AIOKafkaAdminClient, settings: Settings) -> 
             for topic in stranded
         ]
     leftover = set(unnamed_tiers(settings, listed))
-    try:  # the tiers of a renamed clean topic: the delay group read them
-        read = await admin.list_consumer_group_offsets(f"{settings.kafka.group_id}.delay")
-    except KafkaError:
-        read = {}
-    others = read_clean_topics(settings, {tp.topic for tp in read})
     leftover |= {t for t in listed if (tier := tier_of(t)) is not None and tier[0] in others}
     return [
         warn(

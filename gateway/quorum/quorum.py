@@ -24,7 +24,6 @@ slots can be migrated; `resume` clears it. The healthy gauge is set in one place
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
@@ -360,8 +359,14 @@ class Quorum:
             # order the votes began: the raw loop claims a batch while it finishes the one
             # before, and copies of an id in both, reaching two members in opposite
             # orders, split them 1:1, which no vote decides while a third member does
-            # not answer (the partitions blocked until it did: test_repair_queue.py).
-            async with inst.claiming if inst.up else contextlib.nullcontext():
+            # not answer (the partitions blocked until it did: test_repair_queue.py). A
+            # member that does not answer gets no claim while an earlier vote's is in
+            # flight (no answer, as a timeout): sent beside it, both could run when it
+            # came back, in either order; waited for, a hung member would hold every
+            # vote for a timeout each.
+            if not inst.up and inst.claiming.locked():
+                return [None] * n
+            async with inst.claiming:
                 return await claimed(inst)
 
         async def claimed(inst: MemberLink) -> list[Reply]:

@@ -14,6 +14,11 @@ import pytest
 
 from devtools.harness import Topics, clean_ids, make_settings, produce, running, write_toml
 from devtools.topics import wait_committed
+from gateway.config import load_settings
+from gateway.contract.tokens import mark_digest
+from gateway.metrics import Metrics
+from gateway.quorum.quorum import Quorum
+from tests.conftest import redis_urls
 from tests.integration.test_bad_input import GOOD
 from tests.integration.test_first_hour import run, write_config
 
@@ -94,3 +99,26 @@ def test_connect_check_refuses_members_that_are_one_server(
         f"ERROR redis: 127.0.0.1:{one.port}/0, 127.0.0.1:{one.port}/1 are one redis-server" in out
     ), out
     assert f"127.0.0.1:{other.port}/0 are" not in out
+
+
+async def test_connect_check_warns_when_ttl_was_lowered(
+    broker: str, names: Any, tmp_path: Path, redis_servers: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    servers = redis_servers(3)
+    quorum = Quorum(load_settings(redis={"nodes": redis_urls(servers), "ttl": "60s"}).redis,
+                    Metrics())  # fmt: skip
+    try:
+        await quorum.check()
+        await quorum.claim([mark_digest(b"under-60s")], ["11"])
+    finally:
+        await quorum.close()
+    config = write_config(tmp_path / "g.toml", broker, names("ttl"), redis_urls(servers))
+    config.write_text(config.read_text().replace("[redis]\n", '[redis]\nttl = "10s"\n'))
+    _, out = await asyncio.to_thread(run, capsys, "check-config", "--config", str(config),
+                                     "--connect")  # fmt: skip
+    warned = f"WARN  redis {servers[0].name_label}: [redis] ttl is 10s, lower than the 60s"
+    assert warned in out, out
+    config.write_text(config.read_text().replace('ttl = "10s"', 'ttl = "60s"'))
+    _, out = await asyncio.to_thread(run, capsys, "check-config", "--config", str(config),
+                                     "--connect")  # fmt: skip
+    assert "lower than the" not in out

@@ -356,3 +356,27 @@ async def test_claims_reach_each_answering_member_in_the_order_the_votes_began(
     finally:
         servers[1].resume()
         await quorum.close()
+
+
+async def test_a_member_that_does_not_answer_gets_no_claim_beside_an_earlier_votes(
+    redis_servers: Any,
+) -> None:
+    """Member 2's last call failed, an earlier vote's claim to it is still in flight (it
+    holds the member's claim lock) and it came back: a claim sent beside that one could
+    run before it, the 1:1 split the lock prevents. It gets none (no answer, as a
+    timeout); once the earlier claim is done it gets the next."""
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
+    quorum = Quorum(settings.redis, Metrics())
+    digest = mark_digest(b"o-1")
+    try:
+        await quorum.check()
+        member = quorum.members[2]
+        member.up = False  # as after a timeout
+        async with member.claiming:  # the earlier vote's claim to it, in flight
+            replies = await quorum.claim([digest], ["11"])
+        assert replies[2] == [None]
+        assert await owners_on(servers[2], [digest]) == [None]  # not sent beside it
+        assert (await quorum.claim([digest], ["11"]))[2] == [MINE]
+    finally:
+        await quorum.close()

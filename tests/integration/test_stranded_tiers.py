@@ -1,0 +1,57 @@
+"""`[delay]` switched off while records wait in a tier of a clean topic that was renamed
+(gateway/delay/leftovers.py, `refuse_stranded_tiers`; check-config --connect)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from devtools.harness import Topics, make_settings
+from devtools.topics import create_topics
+from gateway.delay.leftovers import refuse_stranded_tiers
+from gateway.errors import ConfigError
+from gateway.ops.connect_check import Severity, _leftover_findings
+
+
+async def test_a_renamed_clean_topic_with_delay_off_is_refused_while_its_tier_holds_records(
+    broker: str, names: Callable[[str], str]
+) -> None:
+    """A record waits in a tier of the old clean topic (the delay group read that tier);
+    the clean topic is renamed and `[delay]` switched off: nothing would ever deliver it
+    and its id stays claimed. Start-up is refused and check-config warns, naming it."""
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    old_tier = f"{names('clean-old')}.delay.16s"
+    await create_topics(broker, {old_tier: 1})
+    producer = AIOKafkaProducer(bootstrap_servers=broker)
+    await producer.start()
+    try:
+        for n in range(2):
+            await producer.send_and_wait(old_tier, b"v", partition=0,
+                                         headers=[("message-id", f"w-{n}".encode())])  # fmt: skip
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=broker, group_id=f"{topics.group}.delay", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:  # the delay loop moved the first record on, not the second
+        consumer.assign([TopicPartition(old_tier, 0)])
+        await consumer.commit({TopicPartition(old_tier, 0): 1})
+    finally:
+        await consumer.stop()
+    settings = make_settings(broker, topics, ["redis://127.0.0.1:1/0"], delay={"enabled": False})
+
+    with pytest.raises(ConfigError, match=f"tier topic\\(s\\) {old_tier} \\("):
+        await refuse_stranded_tiers(settings)
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        found = await _leftover_findings(admin, settings)
+    finally:
+        await admin.close()
+    assert [(f.severity, f.where) for f in found] == [(Severity.WARN, f"topic {old_tier}")]
+    assert "[delay] is off" in found[0].message
