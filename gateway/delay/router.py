@@ -80,7 +80,12 @@ class Router:
         delayed: dict[str, list[OutRow]] = defaultdict(list)
         for i, rec in enumerate(records):
             key, value, timestamp_ms, rec_headers, source_partition = rec
-            due = self.due(rec_headers, timestamp_ms)
+            # Checked at extraction (`checked`); not again against this clock, which may
+            # have stepped back since (that raised here, past the vote, and took the
+            # gateway down): the wait it gives is the one checked, in real time.
+            base = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else now
+            due = requested_due(rec_headers, base, self.at_name, self.after_name,
+                                self.max_delay_ms)  # fmt: skip
             if closes is not None:
                 due = max(due or 0, closes[i])
             if due is None:

@@ -288,3 +288,18 @@ def test_a_record_whose_step_is_beyond_the_lead_pauses_its_partition_until_near_
     assert consumer.sought == {tp: 1} and consumer.paused == {tp}
     resume = loop.parts[tp].resume_at_ms
     assert resume is not None and now + 8_000 - loop.lead_ms - 50 <= resume <= now + 8_000
+
+
+def test_a_clock_stepped_back_between_extraction_and_routing_routes_the_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The due time was checked at extraction; an hour's step back of the wall clock
+    before `route` (after the vote) raised `delay_too_long` there, which took the
+    gateway down: the record is routed to its tier instead."""
+    r = router(max_delay="1m")
+    record = out(("deliver-after", b"50s"))
+    r.due(record.headers, record.timestamp_ms)  # the check at extraction: fine
+    stepped = now_ms() - 3_600_000
+    monkeypatch.setattr("gateway.delay.router.now_ms", lambda: stepped)
+    rows, tiers = r.route([record])
+    assert not rows and sum(len(t) for t in tiers.values()) == 1
