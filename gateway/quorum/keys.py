@@ -27,6 +27,15 @@ mapped to an owner token. Marks are stored in hash buckets, not one key each:
     <prefix>behind              hash   `<member>|<gateway run id>` -> until (ms):
                                        that run holds fills for that other
                                        member (gateway/quorum/behind.py)
+    <prefix>behind-at           hash   the same fields -> `<written ms>:<stale
+                                       after ms>`: a note not written again
+                                       that long is its stopped run's
+    <prefix>caught-up           hash   `<run id>` (or `*`) -> cut-off (ms): that
+                                       run's notes about this member written
+                                       up to then are void (a catch-up or a
+                                       rebuild completed it; catchup.py)
+    <prefix>catch-up            string the gateway run catching this member
+                                       up (its lease, a few seconds' life)
 
 On a Redis Cluster member every key above lives once per key group, with
 `<prefix>{<k>.<groups>}` in place of `<prefix>` (gateway/quorum/members.py): a
