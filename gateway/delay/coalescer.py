@@ -99,7 +99,8 @@ class Coalescer:
         # A window stamp this far ahead of the gateway's clock may still close (end +
         # grace) within max_delay; config.py keeps it at 0 or more.
         self.ahead_ms = (settings.delay.max_delay - c.longest - c.grace) // _MS
-        self.quorum = quorum
+        self.quorum = quorum  # who counts, and the majority
+        self.windows = quorum.windows  # the calls on the windows' state
         self.metrics = metrics
 
     def checked(self, extract: IdExtractor) -> Callable[[Record], bytes]:
@@ -177,7 +178,7 @@ class Coalescer:
         answers: list[list[tuple[int, bool, int]] | None] = [None] * self.quorum.size
         c = self.shape
         for attempt in range(UPDATE_TRIES):
-            replies = await self.quorum.coalesce_update(
+            replies = await self.windows.coalesce_update(
                 digests, stamps, versions, c.mode, c.window_ms, c.max_window_ms,
                 on=[a is None for a in answers],  # again only where it was not taken
             )  # fmt: skip
@@ -213,7 +214,7 @@ class Coalescer:
             digests.append(digest)
             starts.append(window[0])
             mine.append(version(max(rec.timestamp or 0, 0), topic, partition, offset))
-        answers = await self.quorum.coalesce_close(digests, starts)
+        answers = await self.windows.coalesce_close(digests, starts)
         counted = self.quorum.counted()
         now = now_ms()
         for i, (n, start, v) in enumerate(zip(asked, starts, mine, strict=True)):

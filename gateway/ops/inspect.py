@@ -22,7 +22,7 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
     quorum = command_quorum(settings.redis)
     digest = mark_digest(message_id)
     try:
-        views = await quorum.inspect(digest)
+        views = await quorum.admin.inspect(digest)
         fills = await quorum.slice_fill()
     finally:
         await quorum.close()

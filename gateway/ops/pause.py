@@ -36,7 +36,7 @@ async def set_paused(
                 ),
             )
         else:
-            done = await quorum.pause(target, paused)
+            done = await quorum.admin.pause(target, paused)
             why = "" if done else "some key groups did not answer: run it again"
     finally:
         await quorum.close()

@@ -36,13 +36,13 @@ async def release(
     digest = mark_digest(message_id)
     try:
         if dry_run:
-            views = await quorum.inspect(digest)
+            views = await quorum.admin.inspect(digest)
             results = [None if v is None else would_release(v, token) for v in views]
         elif token is not None:
             replies = await quorum.release([digest], [token])
             results = [r[0] for r in replies]
         else:
-            results = await quorum.delete(digest)
+            results = await quorum.admin.delete(digest)
     finally:
         await quorum.close()
     deleted, unmarked = sum(1 for r in results if r in RELEASED), results.count(NO_LIVE_MARK)

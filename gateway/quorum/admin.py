@@ -8,15 +8,13 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.quorum.calls import Calls
 from gateway.quorum.keys import handover_key
 from gateway.quorum.link import MemberLink
 from gateway.quorum.members import Group, group_of
 from gateway.quorum.transport import Planned
-
-if TYPE_CHECKING:
-    from gateway.quorum.quorum import Quorum
 
 # A mark a rebuild writes: digest, owner, remaining ms, handover note ('-': none, '?': keep
 # the member's), its remaining ms.
@@ -36,8 +34,8 @@ class MarkView:
 class Admin:
     """Calls on one member or one id, outside the data path."""
 
-    def __init__(self, q: Quorum) -> None:
-        self.q = q
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
 
     async def delete(self, digest: bytes) -> list[int | None]:
         """Release the mark whoever holds it (operator release; a tombstone,
@@ -47,7 +45,7 @@ class Admin:
         def plan(group: Group, items: Sequence[int]) -> Planned:
             return [(("delete", [group.meta], [*group.layout, digest]), items)]
 
-        results = await self.q.per_item_on_counted("delete", [digest], plan)
+        results = await self.calls.per_item_on_counted("delete", [digest], plan)
         return [r[0] for r in results]
 
     async def inspect(self, digest: bytes) -> list[MarkView | None]:
@@ -56,7 +54,7 @@ class Admin:
         async def one(inst: MemberLink) -> MarkView | None:
             n = self.group_index(inst, digest)
             group = inst.groups[n]
-            found = await self.q.run_script(inst, "inspect", [*group.layout, digest], group=n)
+            found = await self.calls.run_script(inst, "inspect", [*group.layout, digest], group=n)
             if found is None:
                 return None
             key = handover_key(group.prefix, digest)
@@ -67,7 +65,7 @@ class Admin:
             owner, ttl, encoding = found
             return MarkView(owner.decode(), int(ttl), encoding.decode(), by)
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.q.members)))
+        return list(await asyncio.gather(*(one(inst) for inst in self.calls.members)))
 
     async def lookup(self, inst: MemberLink, digests: Sequence[bytes]) -> list[Any] | None:
         """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `inst`;
@@ -75,7 +73,7 @@ class Admin:
         if not digests:
             return []
         width = len(digests[0])
-        return await self.q._via(inst).in_chunks(
+        return await self.calls.in_chunks(
             inst, "lookup", digests,
             lambda items: [width, b"".join(digests[k] for k in items)], width=2,
         )  # fmt: skip
@@ -83,7 +81,7 @@ class Admin:
     async def export(self, inst: MemberLink, group: int, cursor: list[Any], budget: int) -> Any:
         """One call of scripts.EXPORT on one group of `inst`; None for no answer."""
         layout = inst.groups[group].layout
-        return await self.q.run_script(inst, "export", [*layout, *cursor, budget], group=group)
+        return await self.calls.run_script(inst, "export", [*layout, *cursor, budget], group=group)
 
     async def import_marks(
         self, inst: MemberLink, epoch_id: str, marks: Sequence[Imported]
@@ -95,7 +93,7 @@ class Admin:
         answer."""
         digests = [mark[0] for mark in marks]
         width = len(digests[0])
-        flat = await self.q._via(inst).in_chunks(
+        flat = await self.calls.in_chunks(
             inst, "import", digests,
             lambda items: [epoch_id, width, b"".join(digests[k] for k in items),
                            "".join(f"{marks[k][1]}," for k in items),
@@ -111,7 +109,7 @@ class Admin:
     async def pause(self, inst: MemberLink, paused: bool) -> bool:
         """Set or clear `inst`'s pause flag on every group; whether every group answered."""
         done = await asyncio.gather(
-            *(self.q.run_script(inst, "pause", [g.prefix, "1" if paused else "0"], group=n)
+            *(self.calls.run_script(inst, "pause", [g.prefix, "1" if paused else "0"], group=n)
               for n, g in enumerate(inst.groups))
         )  # fmt: skip
         return all(d is not None for d in done)

@@ -38,6 +38,7 @@ from gateway.metrics import Metrics
 from gateway.quorum import scripts
 from gateway.quorum.admin import Admin
 from gateway.quorum.behind import Behind
+from gateway.quorum.calls import Calls
 from gateway.quorum.catchup import CatchUp
 from gateway.quorum.epochs import Epochs
 from gateway.quorum.fills import Fills
@@ -105,18 +106,14 @@ class Quorum:
         self.fills = Fills(self._via, settings.repair_backlog, metrics, self.behind.dropped,
                            self.epochs.lacks)  # fmt: skip
         self.catch_up = CatchUp(self)
-        self.windows = Windows(self)
-        self.admin = Admin(self)
-        # The parts' calls, under the names the callers know.
-        self.coalesce_update = self.windows.coalesce_update
-        self.coalesce_close = self.windows.coalesce_close
-        self.inspect = self.admin.inspect
-        self.delete = self.admin.delete
+        # The parts that take values: callers hold the one they use (quorum.windows,
+        # quorum.admin); gateway/quorum/copy.py still asks these three through here.
+        self.calls = Calls(self.members, self._via, self.epochs, self.refresh_epochs)
+        self.windows = Windows(self.calls)
+        self.admin = Admin(self.calls)
         self.lookup = self.admin.lookup
         self.export = self.admin.export
         self.import_marks = self.admin.import_marks
-        self.pause = self.admin.pause
-        self.group_index = self.admin.group_index
         metrics.quorum_size.set(self.majority)
 
     def _via(self, inst: MemberLink) -> Transport:
@@ -497,27 +494,8 @@ class Quorum:
         self, what: str, digests: Sequence[bytes],
         plan: Callable[..., Planned], needs_epoch: bool = False,
     ) -> list[list[int | None]]:  # fmt: skip
-        """Per member, per digest, the reply of the calls `plan` makes (one reply per
-        item); None where it gave no answer, or where the vote must not count it (not
-        trusted, or paused). With `needs_epoch` the plan takes the member's epoch id first,
-        and a member whose epoch is not known is not called (a script that writes needs it)."""
-        if not self.epochs.read:
-            await self.refresh_epochs()
-
-        async def one(inst: MemberLink) -> list[int | None]:
-            out: list[int | None] = [None] * len(digests)
-            if needs_epoch and (inst.epoch is None or inst.paused):
-                return out
-            planner = partial(plan, inst.epoch.id) if needs_epoch and inst.epoch else plan
-            for positions, result in await self._via(inst).grouped(inst, what, digests, planner):
-                if result is not None:
-                    place(out, positions, [int(x) for x in result] if isinstance(result, list)
-                           else [int(result)])  # fmt: skip
-            if not inst.trusted or inst.paused:
-                return [None] * len(digests)
-            return out
-
-        return list(await asyncio.gather(*(one(inst) for inst in self.members)))
+        """Per member, per digest, the counted replies (gateway/quorum/calls.py)."""
+        return await self.calls.per_item_on_counted(what, digests, plan, needs_epoch)
 
     # -- the parts' calls, as the callers know them ---------------------------------
 
@@ -525,7 +503,7 @@ class Quorum:
         self, inst: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
         group: int = 0,
     ) -> Any | None:  # fmt: skip
-        return await self._via(inst).run_script(inst, name, args, bound_s, group)
+        return await self.calls.run_script(inst, name, args, bound_s, group)
 
     async def _timed(
         self, inst: MemberLink, script: str, call: Callable[[], Awaitable[T]]

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from gateway.quorum.calls import Calls
 from gateway.quorum.link import MemberLink
-
-if TYPE_CHECKING:
-    from gateway.quorum.quorum import Quorum
 
 
 class Windows:
     """The coalescing-window calls, on every member."""
 
-    def __init__(self, q: Quorum) -> None:
-        self.q = q
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
 
     async def coalesce_update(
         self, digests: Sequence[bytes], stamps: Sequence[int], versions: Sequence[str],
@@ -26,16 +23,15 @@ class Windows:
         window's newest timestamp before it, 0 if none); None where the member gave no
         answer (or had another epoch), or is not `on`."""
         if not digests:
-            return [[] for _ in self.q.members]
-        if not self.q.epochs.read:
-            await self.q.refresh_epochs()
+            return [[] for _ in self.calls.members]
+        await self.calls.epochs_known()
         width = len(digests[0])
 
         async def one(inst: MemberLink, asked: bool) -> list[tuple[int, bool, int]] | None:
             if inst.epoch is None or inst.paused or not asked:
                 return None
             head = [inst.epoch.id, mode, window_ms, max_window_ms, width]
-            flat = await self.q._via(inst).in_chunks(
+            flat = await self.calls.in_chunks(
                 inst, "coalesce_update", digests,
                 lambda items: [*head, b"".join(digests[k] for k in items),
                                "".join(f"{stamps[k]}," for k in items),
@@ -46,14 +42,10 @@ class Windows:
                 return None
             return [(int(start), int(opened) == 1, int(prev)) for start, opened, prev in flat]
 
-        asked = on if on is not None else [True] * self.q.size
-        out = list(
-            await asyncio.gather(
-                *(one(inst, a) for inst, a in zip(self.q.members, asked, strict=True))
-            )
-        )
-        if self.q.epochs.reread:
-            await self.q.refresh_epochs()
+        asked = on if on is not None else [True] * self.calls.size
+        members = self.calls.members
+        out = list(await asyncio.gather(*(one(i, a) for i, a in zip(members, asked, strict=True))))
+        await self.calls.epochs_settled()
         return out
 
     async def coalesce_close(
@@ -62,11 +54,11 @@ class Windows:
         """Per member, per window: (newest version or '', updates, newest timestamp);
         None where the member gave no answer."""
         if not digests:
-            return [[] for _ in self.q.members]
+            return [[] for _ in self.calls.members]
         width = len(digests[0])
 
         async def one(inst: MemberLink) -> list[tuple[str, int, int]] | None:
-            flat = await self.q._via(inst).in_chunks(
+            flat = await self.calls.in_chunks(
                 inst, "coalesce_close", digests,
                 lambda items: [width, b"".join(digests[k] for k in items),
                                "".join(f"{starts[k]}," for k in items)],
@@ -76,4 +68,4 @@ class Windows:
                 return None
             return [(v.decode(), int(n), int(last)) for v, n, last in flat]
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.q.members)))
+        return list(await asyncio.gather(*(one(inst) for inst in self.calls.members)))

@@ -113,7 +113,7 @@ async def test_a_member_whose_notes_key_refuses_the_note_does_not_block_every_ba
         await quorum.check()
         async with aioredis.Redis(port=servers[1].port) as client:
             await client.set("dd:behind", "someone else's")
-        assert await quorum.pause(quorum.members[2], True)  # its claims are refused
+        assert await quorum.admin.pause(quorum.members[2], True)  # its claims are refused
         for n in range(3):
             owner = owner_tokens("raw", 0, [n])
             assert await pipeline.vote([f"k-{n}".encode()], owner) == [Outcome.FORWARD]

@@ -158,7 +158,7 @@ async def test_the_failure_loop_hands_a_mark_over_on_the_cluster_member(
         await produce(broker, topics.raw, [message])  # a resend: still a duplicate
         await wait_committed(broker, topics.group, topics.raw, {0: 2})
         assert counter_value(gateway.metrics.duplicates) == 1
-        views = await gateway.quorum.inspect(mark_digest(b"c-1"))
+        views = await gateway.quorum.admin.inspect(mark_digest(b"c-1"))
     retried = owner_token(topics.raw, 0, 0, attempt=2)
     assert [v.owner if v else None for v in views] == [retried] * 3
     assert views[0] is not None and views[0].handed_over_by is not None
@@ -321,22 +321,22 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         repairs = [(d, o, "7") for d, o in zip(digests[:50], owners[:50], strict=True)]
         assert await quorum.repair([repairs]) == 50
         assert await quorum.release(digests[:3], ["7", "7", "x"]) == [[1, 1, 0]]
-        assert await quorum.delete(digests[60]) == [1]
+        assert await quorum.admin.delete(digests[60]) == [1]
         assert await quorum.handover([Handover(digests[70], owners[70], "99", "failures/0/1")]) == [
             [1]
         ]
         await quorum.mark_done([digests[70]], ["failures/0/1"])
-        (view,) = await quorum.inspect(digests[70])
+        (view,) = await quorum.admin.inspect(digests[70])
         assert view is not None and (view.owner, view.handed_over_by) == ("99", "failures/0/1!done")
         fresh = [mark_digest(f"f-{n}".encode()) for n in range(100)]
         quorum.queue_fills([[(d, "5", "4") for d in fresh]])
         await quorum.check()
         assert not quorum.members[0].backlog
         assert await quorum.claim(fresh, ["6"] * 100) == [["5"] * 100]
-        windows = await quorum.coalesce_update(digests[:4], [1000] * 4, ["1", "2", "3", "4"],
+        windows = await quorum.windows.coalesce_update(digests[:4], [1000] * 4, ["1", "2", "3", "4"],
                                                "fixed", 1000, 5000)  # fmt: skip
         assert windows == [[(1000, True, 0)] * 4]  # (start, opened, newest before)
-        assert await quorum.coalesce_close(digests[:4], [1000] * 4) == [
+        assert await quorum.windows.coalesce_close(digests[:4], [1000] * 4) == [
             [(v, 1, 1000) for v in ("1", "2", "3", "4")]
         ]
         found = await quorum.lookup(quorum.members[0], digests[100:103])

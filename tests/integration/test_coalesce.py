@@ -74,23 +74,27 @@ async def test_window_state_keeps_the_newest_version_and_counts_updates(redis_se
         kd = mark_digest(b"e-1")
         stamps = [3100, 5900, 4000, 5900]
         versions = [version(t, "raw", 0, n) for n, t in enumerate(stamps)]
-        (fixed,) = await quorum.coalesce_update([kd] * 4, stamps, versions, "fixed", 3000, 9000)
+        (fixed,) = await quorum.windows.coalesce_update(
+            [kd] * 4, stamps, versions, "fixed", 3000, 9000
+        )
         # (start, opened, the window's newest timestamp before the update)
         assert fixed == [(3000, True, 0), (3000, False, 3100), (3000, False, 5900),
                          (3000, False, 5900)]  # fmt: skip
         # Replaying the newest changes nothing; an update stamped in the next window opens it.
-        await quorum.coalesce_update([kd], [5900], [versions[3]], "fixed", 3000, 9000)
-        (nxt,) = await quorum.coalesce_update([kd], [6000], [version(6000, "raw", 1, 0)],
+        await quorum.windows.coalesce_update([kd], [5900], [versions[3]], "fixed", 3000, 9000)
+        (nxt,) = await quorum.windows.coalesce_update([kd], [6000], [version(6000, "raw", 1, 0)],
                                               "fixed", 3000, 9000)  # fmt: skip
         assert nxt == [(6000, True, 0)]
-        (held,) = await quorum.coalesce_close([kd, kd, mark_digest(b"none")], [3000, 6000, 0])
+        (held,) = await quorum.windows.coalesce_close(
+            [kd, kd, mark_digest(b"none")], [3000, 6000, 0]
+        )
         assert held == [(versions[3], 4, 5900), (version(6000, "raw", 1, 0), 1, 6000), ("", 0, 0)]
 
         kt = mark_digest(b"e-2")  # trailing: open until 3000 after the newest, 9000 at most
         trail = [0, 2500, 5400, 8300, 8999, 9000, 20_000]  # each within 3000 of the last
         got = []
         for n, t in enumerate(trail):
-            (r,) = await quorum.coalesce_update([kt], [t], [version(t, "raw", 0, n)],
+            (r,) = await quorum.windows.coalesce_update([kt], [t], [version(t, "raw", 0, n)],
                                                 "trailing", 3000, 9000)  # fmt: skip
             got.append(r[0][0])
         assert got == [0, 0, 0, 0, 0, 9000, 20_000]  # 9000: max_window; 20000: a gap
@@ -98,9 +102,9 @@ async def test_window_state_keeps_the_newest_version_and_counts_updates(redis_se
         # A digest holding a zero byte names the same window state in both scripts.
         zero = next(d for i in range(10_000) if b"\0" in (d := mark_digest(b"z%d" % i)))
         for mode in ("fixed", "trailing"):
-            await quorum.coalesce_update([zero], [70_000], [version(70_000, "r", 0, 0)],
+            await quorum.windows.coalesce_update([zero], [70_000], [version(70_000, "r", 0, 0)],
                                          mode, 3000, 9000)  # fmt: skip
-        (held,) = await quorum.coalesce_close([zero, zero], [69_000, 70_000])
+        (held,) = await quorum.windows.coalesce_close([zero, zero], [69_000, 70_000])
         assert [n for _, n, _ in held] == [1, 1]
     finally:
         await quorum.close()

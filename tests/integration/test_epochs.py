@@ -296,7 +296,7 @@ async def test_a_rebuild_copies_handover_notes_so_a_replayed_command_is_redone_e
     capsys.readouterr()
     await quorum.check()
     assert await quorum.handover([command]) == [[2], [2], [2]]  # a replay: redo, on each
-    (view, *_) = await quorum.inspect(digest)
+    (view, *_) = await quorum.admin.inspect(digest)
     note = b"dd:h:" + digest
     async with aioredis.Redis(port=servers[1].port) as rebuilt:
         assert await rebuilt.get(note) == b"failures/0/5"

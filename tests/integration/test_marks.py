@@ -70,7 +70,7 @@ async def test_a_mark_lives_at_least_the_ttl_across_slices_then_expires(
     while (elapsed := time.monotonic() - claimed_at) < 5:
         # Other claims keep opening new slices while time passes.
         await quorum.claim([next(filler)], ["8"])
-        (view,) = await quorum.inspect(mark)
+        (view,) = await quorum.admin.inspect(mark)
         assert view is not None
         if view.owner == "7":
             seen_after.append(time.monotonic() - claimed_at)
@@ -127,7 +127,7 @@ async def test_release_frees_the_id_for_another_copy_but_not_for_a_replay_of_the
     # The released record replayed (a gateway re-reading an uncommitted batch) stays a
     # duplicate of the release, so it cannot take the id back under its old token.
     assert await quorum.claim([a], ["1"]) == [["-1"]]
-    (view,) = await quorum.inspect(a)
+    (view,) = await quorum.admin.inspect(a)
     assert view is not None and view.owner == "-1"
     # The producer's next copy takes it, and is told whose release it took over.
     assert await quorum.claim([a, b], ["3", "4"]) == [["=1", "2"]]
@@ -216,14 +216,14 @@ async def test_a_replay_of_a_handover_finds_its_note_for_as_long_as_the_mark_liv
     command = [Handover(mark, "1", "2", "failures/0/5")]
     assert await quorum.handover(command) == [[1]]
     handed_at = time.monotonic()
-    (view,) = await quorum.inspect(mark)
+    (view,) = await quorum.admin.inspect(mark)
     note = await client.pttl(handover_key(quorum.prefix, mark))
     assert view is not None and view.owner == "2"
     assert note >= view.ttl_ms - 50, (note, view.ttl_ms)
     while time.monotonic() - handed_at < 4.3:  # past `ttl`, within the mark's life
         await quorum.claim([next(filler)], ["8"])
         await asyncio.sleep(0.05)  # time passing is what is under test
-    (view,) = await quorum.inspect(mark)
+    (view,) = await quorum.admin.inspect(mark)
     assert view is not None and view.owner == "2", "the mark expired: the slice opened late"
     assert await quorum.handover(command) == [[2]]  # a crash replay: redo the retry
     assert await quorum.handover([Handover(mark, "1", "2", "failures/1/9")]) == [[3]]
@@ -357,7 +357,7 @@ async def test_a_handover_in_the_current_slice_keeps_its_bucket_expiry(
     (mark,) = digests("alone", 1)
     assert await quorum.claim([mark], ["1"]) == [[MINE]]
     assert await quorum.handover([Handover(mark, "1", "2", "failures/0/1")]) == [[1]]
-    (view,) = await quorum.inspect(mark)
+    (view,) = await quorum.admin.inspect(mark)
     assert view is not None and view.owner == "2" and view.ttl_ms > 0
 
 
@@ -401,7 +401,7 @@ async def bytes_per_mark(quorum: Quorum, ids: list[bytes], encoding: str) -> flo
         assert await quorum.claim(batch, [owner] * len(batch)) == [[MINE] * len(batch)]
     grown = await held(redis) - before
     assert await quorum.claim(ids[:100], ["2"] * 100) == [[owner] * 100]
-    (view,) = await quorum.inspect(ids[-1])
+    (view,) = await quorum.admin.inspect(ids[-1])
     assert view == MarkView(owner, view.ttl_ms, encoding, None) and view.ttl_ms > 0
     ((marks, buckets),) = await quorum.slice_fill()  # type: ignore[misc]
     assert marks == len(warm) + len(ids) and 16 <= marks / buckets <= 32, (marks, buckets)

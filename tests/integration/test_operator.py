@@ -186,7 +186,7 @@ def test_an_unconditional_release_confirmed_at_the_terminal_releases_the_mark(
         try:
             if claim:
                 await quorum.claim([digest], ["42"])
-            return [None if v is None else v.owner for v in await quorum.inspect(digest)]
+            return [None if v is None else v.owner for v in await quorum.admin.inspect(digest)]
         finally:
             await quorum.close()
 

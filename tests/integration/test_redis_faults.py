@@ -125,7 +125,7 @@ async def _pause_members(settings: Settings, members: list[int], paused: bool) -
     try:
         await quorum.refresh_epochs()
         for n in members:
-            assert await quorum.pause(quorum.members[n], paused)
+            assert await quorum.admin.pause(quorum.members[n], paused)
     finally:
         await quorum.close()
 

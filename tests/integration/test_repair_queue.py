@@ -295,7 +295,7 @@ async def test_a_batch_whose_fills_could_not_be_noted_is_tried_again_whatever_th
     record = ConsumerRecord("raw", 0, 7, 0, 0, None, b"{}", None, 0, 2, [("message-id", b"m-3")])
     try:
         await quorum.check()
-        assert await quorum.pause(quorum.members[2], True)  # its claims are refused
+        assert await quorum.admin.pause(quorum.members[2], True)  # its claims are refused
         quorum.claim = claim_then_hang  # type: ignore[method-assign]
         decided = await pipeline.decide({tp: [record]})
         assert decided.blocked == {tp: 7} and not decided.commits and not decided.prepared

@@ -74,12 +74,13 @@ def _type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
 
 
-def imports(path: Path) -> list[tuple[str, list[str]]]:
-    """(module, names) of every import that runs, nested ones included."""
+def imports(path: Path, type_checking: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, names) of every import that runs, nested ones included; with
+    `type_checking`, those under `if TYPE_CHECKING:` too."""
     found: list[tuple[str, list[str]]] = []
 
     def visit(node: ast.AST) -> None:
-        if _type_checking(node):
+        if _type_checking(node) and not type_checking:
             return
         if isinstance(node, ast.Import):
             found.extend((a.name, []) for a in node.names)
@@ -138,3 +139,70 @@ def test_the_rule_can_fail(tmp_path: Path):
     ((found, names),) = imports(probe)
     assert (found, names) == ("gateway.raw.pipeline", ["Pipeline"])
     assert layer_of(unit_of(found)) > layer_of("quorum")
+
+
+# Cycles left for now, each with why: gateway/quorum/catchup.py and copy.py (issue 41's
+# work, owned elsewhere at the time) take the whole `Quorum`, which builds `CatchUp`.
+KNOWN_CYCLES = [{"gateway.quorum.catchup", "gateway.quorum.copy", "gateway.quorum.quorum"}]
+
+
+def import_graph(found: list[tuple[str, Path]], type_checking: bool = True) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (`from pkg import module` counts as
+    the module; a name from a module as that module)."""
+    names = {m for m, _ in found}
+    graph: dict[str, set[str]] = {}
+    for module, path in found:
+        edges = graph.setdefault(module, set())
+        for target, imported in imports(path, type_checking):
+            submodules = {f"{target}.{n}" for n in imported} & names
+            edges.update(submodules or ({target} & names))
+        edges.discard(module)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_type_checking_included():
+    """A part that takes the facade it is built by (an import under TYPE_CHECKING
+    too) is a circle: it takes values instead (gateway/quorum/calls.py)."""
+    found = cycles(import_graph(MODULES))
+    assert [c for c in found if c not in KNOWN_CYCLES] == []
+
+
+def test_a_cycle_under_type_checking_is_seen(tmp_path: Path):
+    one, two = tmp_path / "one.py", tmp_path / "two.py"
+    one.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.two import T\n")
+    two.write_text("from p.one import O\n")
+    graph = import_graph([("p.one", one), ("p.two", two)])
+    assert cycles(graph) == [{"p.one", "p.two"}]
+    assert cycles(import_graph([("p.one", one), ("p.two", two)], type_checking=False)) == []
