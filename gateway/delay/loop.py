@@ -52,7 +52,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -64,12 +64,10 @@ from gateway.contract.records import (
     H_WINDOW,
     OutRecord,
     Record,
-    quarantine_record,
-    source_ref,
 )
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.coalescer import now_ms
-from gateway.errors import BadRecord
+from gateway.delay.held import Held, TierRecords, size_of
 from gateway.kafka.due import DueQueue
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
 from gateway.kafka.loop import Commits, ConsumerLoop
@@ -82,7 +80,6 @@ from gateway.rules.tiers import (
     Tiers,
     millis,
     pick_tier,
-    read_tier_record,
     replace_tier_at,
 )
 from gateway.rules.windows import WINDOW_EXPIRED, Verdict
@@ -96,23 +93,6 @@ STOP_DRAIN_MS = 5_000  # at stop, held records due for a step within this are mo
 FULL_RETRY_MS = 50  # memory full: how soon a partition paused for room is tried again
 FETCH_TIMEOUT_MS = 100  # longest an idle fetch waits: bounds the reaction to stop
 REPORT_EVERY_S = 1.0
-# A tier record due further ahead than `max_delay` (+ this, for gateways' clocks that
-# differ) was not written under the current settings: quarantined, not cycled through
-# the largest tier past its mark's life (a lowered max_delay, or another writer).
-CLOCK_SLACK_MS = 60_000
-
-
-@dataclass(order=True, slots=True)
-class _Held:
-    """A tier record in memory until its next step."""
-
-    step_ms: int
-    record: Record = field(compare=False)
-    due_ms: int = field(compare=False)
-    size: int = field(compare=False)
-    problem: str | None = field(compare=False, default=None)  # unreadable: quarantine it
-    reason: str = field(compare=False, default="bad_tier_record")  # the problem's metric label
-    window: bool = field(compare=False, default=False)  # coalesced: its close is decided
 
 
 @dataclass(slots=True)
@@ -142,7 +122,6 @@ class DelayLoop:
         self.commits = Commits(consumer, "delay tier", transactions)
         self.fetched_as: Member = (-1, "", None)  # who the consumer was at the last fetch
         self.leftover = dict(leftover or {})  # tier topics no longer configured -> delay ms
-        self._unclosed_logged = False
         self.consumer = consumer
         self.sink = sink
         self.metrics = metrics
@@ -153,17 +132,17 @@ class DelayLoop:
         self.tiers = Tiers(settings)
         self.lead_ms = self.tiers.ms[0]
         self.max_delay_ms = millis(settings.delay.max_delay)
-        self.held: DueQueue[_Held] = DueQueue()  # by next step
+        self.records = TierRecords(
+            self.tiers, self.leftover, self.max_delay_ms, closer is not None, metrics,
+            self.max_bytes,
+        )  # fmt: skip
+        self.held: DueQueue[Held] = DueQueue()  # by next step
         self.held_bytes = 0
         self.book: OffsetBook[_Partition] = OffsetBook(_Partition)
         self.loop = ConsumerLoop(
             consumer, settings.kafka, "delay tier", self, self.book.position, self.book.read_on
         )  # a step (move, ack, commit) holds its lock against a rebalance
         self._report_due = 0.0
-
-    @property
-    def parts(self) -> dict[TopicPartition, _Partition]:
-        return self.book.parts
 
     def listener(self) -> ConsumerRebalanceListener:
         # A revoke waits for a step in progress: its moves are acknowledged and committed first.
@@ -224,16 +203,16 @@ class DelayLoop:
         if tp not in self.consumer.assignment():
             return False  # revoked while fetched: its new owner reads it from the commit
         part = self.book.of(tp)
-        tier_ms = self._tier_ms(tp.topic)
+        tier_ms = self.records.tier_ms(tp.topic)
         for rec in records:
             if self._full():
                 self._pause(tp, part, rec.offset, now + FULL_RETRY_MS)
                 return False
             if bad_headers and rec.offset in bad_headers:
                 problem = f"{bad_headers[rec.offset]} header name(s) not UTF-8, dropped"
-                held = _Held(0, rec, 0, _size(rec), f"bad_tier_record: {problem}")
+                held = Held(0, rec, 0, size_of(rec), f"bad_tier_record: {problem}")
             else:
-                held = self._held(rec, tier_ms, now)
+                held = self.records.held(rec, tier_ms, now)
             if held.step_ms - now > self.lead_ms:
                 resume = min(held.step_ms - self.lead_ms, now + PEEK_EVERY_MS)
                 self._pause(tp, part, rec.offset, resume)
@@ -244,42 +223,6 @@ class DelayLoop:
             part.next_offset = rec.offset + 1
         return True
 
-    def _tier_ms(self, topic: str) -> int:
-        index = self.tiers.by_topic.get(topic)
-        return self.tiers.ms[index] if index is not None else self.leftover[topic]
-
-    def _label(self, topic: str) -> str:
-        """A tier's metric label: its delay, or a left-over tier's topic."""
-        index = self.tiers.by_topic.get(topic)
-        return self.tiers.labels[index] if index is not None else topic
-
-    def _held(self, rec: Record, tier_ms: int, now: int) -> _Held:
-        size = _size(rec)
-        try:
-            read = read_tier_record(rec.headers, tier_ms, now, self.max_delay_ms + CLOCK_SLACK_MS)
-        except BadRecord as exc:  # not cycled through the largest tier past its mark's life
-            problem = f"{exc}; [delay] max_delay is {self.max_delay_ms / 1000:.0f}s"
-            return _Held(0, rec, 0, size, problem, reason=exc.reason)
-        except ValueError as exc:
-            # Not written by a gateway: set it aside now rather than stop the tier.
-            return _Held(0, rec, 0, size, f"bad_tier_record: {exc}")
-        window = read.window
-        if window and self.closer is None:
-            # [coalesce] switched off while it waited: no window closes it, so it is
-            # delivered when due (its window's close) as a plain delayed record.
-            window = False
-            self._log_unclosed(rec)
-        return _Held(read.step_ms, rec, read.due_ms, size, window=window)
-
-    def _log_unclosed(self, rec: Record) -> None:
-        if not self._unclosed_logged:
-            self._unclosed_logged = True
-            logger.warning(
-                "coalesced tier records (first: %s) but [coalesce] is off: each is delivered "
-                "at its window's close as a plain delayed record, every version",
-                source_ref(rec.topic, rec.partition, rec.offset),
-            )
-
     def _pause(self, tp: TopicPartition, part: _Partition, offset: int, until_ms: int) -> None:
         # Seek too: records of this partition already fetched stay buffered otherwise.
         self.consumer.seek(tp, offset)
@@ -289,7 +232,7 @@ class DelayLoop:
 
     def _resume(self, now: int) -> None:
         assigned = self.consumer.assignment()
-        for tp, part in self.parts.items():
+        for tp, part in self.book.parts.items():
             due = part.resume_at_ms is not None and part.resume_at_ms <= now
             if due and tp in assigned and not self._full():
                 self.consumer.resume(tp)
@@ -298,14 +241,14 @@ class DelayLoop:
     async def _step(self, now: int) -> None:
         """Move every held record whose step has come; commit after the acknowledgements."""
         moves: dict[str, list[OutRecord]] = defaultdict(list)
-        stepped: list[_Held] = []
-        to_clean: list[_Held] = []
-        closing: list[_Held] = []
+        stepped: list[Held] = []
+        to_clean: list[Held] = []
+        closing: list[Held] = []
         while (held := self.held.pop_due(now)) is not None:
             rec = held.record
             if held.problem is not None:
                 moves[self.quarantine_topic].append(
-                    self._quarantined(rec, held.problem, held.reason)
+                    self.records.quarantined(rec, held.problem, held.reason)
                 )
             elif held.due_ms <= now and held.window:
                 closing.append(held)  # its window's close is decided below
@@ -342,9 +285,9 @@ class DelayLoop:
     async def _moved(
         self,
         moves: dict[str, list[OutRecord]],
-        to_clean: list[_Held],
+        to_clean: list[Held],
         emitted: list[int],
-        stepped: list[_Held],
+        stepped: list[Held],
     ) -> dict[TopicPartition, int]:
         await self._move(moves, to_clean, emitted, stepped)
         faults.reached("delay-acked")
@@ -363,9 +306,9 @@ class DelayLoop:
     async def _move(
         self,
         moves: dict[str, list[OutRecord]],
-        to_clean: list[_Held],
+        to_clean: list[Held],
         emitted: list[int],
-        stepped: list[_Held],
+        stepped: list[Held],
     ) -> None:
         """Send the step's copies, wait for the acknowledgements, mark them moved."""
         await asyncio.gather(*(self._deliver(topic, recs) for topic, recs in moves.items()))
@@ -379,16 +322,16 @@ class DelayLoop:
                 self.metrics.delayed.labels(self.tiers.labels[tier]).inc(len(recs))
         for held in stepped:
             self.held_bytes -= held.size
-            part = self.parts.get(TopicPartition(held.record.topic, held.record.partition))
+            part = self.book.parts.get(TopicPartition(held.record.topic, held.record.partition))
             if part is not None:
                 part.moved.add(held.record.offset)
 
     async def _close(
         self,
-        closing: list[_Held],
+        closing: list[Held],
         now: int,
         moves: dict[str, list[OutRecord]],
-        stepped: list[_Held],
+        stepped: list[Held],
     ) -> list[int]:
         """Decide the windows of due coalesced records (gateway/delay/coalescer.py): the newest
         goes to the clean topic, the superseded are dropped, the rest wait again; one
@@ -400,10 +343,10 @@ class DelayLoop:
         for held, decided in zip(closing, closings, strict=True):
             rec = held.record
             if decided.verdict is Verdict.BAD:
-                moves[self.quarantine_topic].append(self._quarantined(rec, decided.problem))
+                moves[self.quarantine_topic].append(self.records.quarantined(rec, decided.problem))
             elif decided.verdict is Verdict.LOST:
                 moves[self.quarantine_topic].append(
-                    self._quarantined(rec, WINDOW_EXPIRED, "window_expired")
+                    self.records.quarantined(rec, WINDOW_EXPIRED, "window_expired")
                 )
             elif decided.verdict is Verdict.EMIT:
                 headers = self.closer.emitted(replace_tier_at(rec.headers, None), decided)
@@ -435,14 +378,6 @@ class DelayLoop:
         futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
         await asyncio.gather(*futures)
 
-    def _quarantined(self, rec: Record, problem: str, reason: str = "bad_tier_record") -> OutRecord:
-        self.metrics.quarantined.labels(reason).inc()
-        logger.warning(
-            "quarantined tier record %s: %s", source_ref(rec.topic, rec.partition, rec.offset),
-            problem, extra={"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},
-        )  # fmt: skip
-        return quarantine_record(rec, problem, self.max_bytes)
-
     def _report(self) -> None:
         """Held records, and the backlog per tier from the fetch-response high watermark."""
         now = time.monotonic()
@@ -452,11 +387,11 @@ class DelayLoop:
         self.metrics.delay_held.set(len(self.held))
         backlog = dict.fromkeys([*self.tiers.labels, *self.leftover], 0)
         for tp in self.consumer.assignment():
-            part = self.parts.get(tp)
+            part = self.book.parts.get(tp)
             high = self.consumer.highwater(tp)
             point = part.commit_point() if part is not None else None
             if high is not None and point is not None:
-                backlog[self._label(tp.topic)] += max(0, high - point)
+                backlog[self.records.label(tp.topic)] += max(0, high - point)
         for label, records in backlog.items():
             self.metrics.delay_backlog.labels(label).set(records)
 
@@ -466,10 +401,6 @@ class DelayLoop:
         self.book.forget(gone)
         dropped = self.held.drop(lambda h: (h.record.topic, h.record.partition) in gone)
         self.held_bytes -= sum(h.size for h in dropped)
-
-
-def _size(rec: Record) -> int:
-    return len(rec.key or b"") + len(rec.value or b"") + sum(len(v) for _, v in rec.headers)
 
 
 def _copy(rec: Record, tier_at_ms: int | None, window: bool = True) -> OutRecord:

@@ -273,7 +273,7 @@ def test_a_full_memory_pauses_the_partition_at_the_first_record_not_held(monkeyp
     loop._take(tp, records, now)
     assert [h.record.offset for h in sorted(loop.held)] == [10, 11, 12]
     assert consumer.paused == {tp} and consumer.sought == {tp: 13}  # 13 is read again
-    part = loop.parts[tp]
+    part = loop.book.parts[tp]
     assert part.next_offset == 13 and part.commit_point() == 10
     assert part.resume_at_ms is not None and part.resume_at_ms <= now + 1_000
 
@@ -286,7 +286,7 @@ def test_a_record_whose_step_is_beyond_the_lead_pauses_its_partition_until_near_
     loop._take(tp, records, now)
     assert [h.record.offset for h in loop.held] == [0]  # the one after 1 waits behind it
     assert consumer.sought == {tp: 1} and consumer.paused == {tp}
-    resume = loop.parts[tp].resume_at_ms
+    resume = loop.book.parts[tp].resume_at_ms
     assert resume is not None and now + 8_000 - loop.lead_ms - 50 <= resume <= now + 8_000
 
 
