@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
         "progress",
         "faults",
     },
+    {"settings"},  # the settings file's values and sections
     {"config"},
     {"rules"},
     {"logs", "metrics"},
