@@ -84,7 +84,7 @@ def test_the_alerts_cover_quorum_lag_redis_dead_letters_blocking_and_readiness()
     assert "deriv(" in rules["DedupGatewayConsumerLagGrowing"]["expr"]
     for rule in rules.values():
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
-        doc = "spark-cluster" if rule["alert"].startswith("DedupSpark") else "operations"
+        doc = "spark-cluster" if rule["alert"].startswith("DedupSpark") else "runbooks"
         assert rule["annotations"]["runbook_url"].startswith(f"{RUNBOOK_BASE}/docs/{doc}.md#")
         assert "runbook" not in rule["annotations"]  # the URL only, under the usual name
 
