@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo localstack test lint typecheck format bench spark-pack chaos chaos-ci clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/setup-ops.sh scripts/setup-helm.sh \
-		scripts/jvm/kafka.pom.xml scripts/jvm/spark-kafka.pom.xml devtools/jars.py
+		scripts/jvm/kafka.pom.xml scripts/jvm/spark-kafka.pom.xml scripts/jvm/spark-table.pom.xml \
+		devtools/jars.py
 	bash scripts/setup.sh $(VENV)
 	touch $(STAMP)
 

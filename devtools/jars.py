@@ -8,10 +8,14 @@ fetches nothing:
 - Apache Kafka's broker (`kafka_2.13`), run as a one-node KRaft broker+controller by
   `devtools.localstack.kafka_broker`;
 - Spark's own Kafka connector (`spark-sql-kafka-0-10`) for a given Spark version, which
-  the Spark job puts on its classpath (`spark.jars`).
+  the Spark job puts on its classpath (`spark.jars`);
+- a table format's jars (Delta Lake, Apache Iceberg) for a given Spark version, which
+  the job puts there for `[spark] output_format` (`spark_sink.tables.TABLE_ARTIFACTS`).
 
     python -m devtools.jars kafka            # prints the folder, fetching it once
     python -m devtools.jars spark-kafka 4.2.0
+    python -m devtools.jars delta 4.2.0
+    python -m devtools.jars tables 4.2.0     # every table format with a build for it
 """
 
 from __future__ import annotations
@@ -71,6 +75,29 @@ def spark_kafka_jars(spark_version: str) -> Path:
     return _fetched(f"spark-kafka-{spark_version}", "spark-kafka.pom.xml", props, include)
 
 
+def table_jars(output_format: str, spark_version: str) -> Path:
+    """The folder of `output_format`'s jars for `spark_version` ("delta" or "iceberg");
+    the same folder as `spark_sink.tables.table_cache_folder`."""
+    from spark_sink.tables import table_artifact
+
+    artifact = table_artifact(output_format, spark_version)
+    props = {
+        "table.group": artifact.group,
+        "table.artifact": artifact.artifact,
+        "table.version": artifact.version,
+    }
+    name = f"{output_format}-{spark_version}"
+    return _fetched(name, "spark-table.pom.xml", props, artifact.include)
+
+
+def table_formats(spark_version: str) -> list[str]:
+    """The table formats with a build for `spark_version`'s line."""
+    from spark_sink.connector import spark_version as line
+    from spark_sink.tables import TABLE_ARTIFACTS
+
+    return sorted({fmt for fmt, spark in TABLE_ARTIFACTS if spark == line(spark_version)})
+
+
 def cached(folder: Path) -> bool:
     return (folder / READY).is_file()
 
@@ -111,15 +138,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("what", choices=["kafka", "spark-kafka"])
+    parser.add_argument("what", choices=["kafka", "spark-kafka", "delta", "iceberg", "tables"])
     parser.add_argument("version", nargs="?", help="default: the tested version")
     args = parser.parse_args(argv)
     try:
         if args.what == "kafka":
             folder = kafka_jars(args.version)
+        elif args.what in ("delta", "iceberg"):
+            folder = table_jars(args.what, args.version or _installed_pyspark())
+        elif args.what == "tables":
+            for output_format in table_formats(args.version or _installed_pyspark()):
+                print(table_jars(output_format, args.version or _installed_pyspark()))
+            return 0
         else:
             folder = spark_kafka_jars(args.version or _installed_pyspark())
-    except JarFetchError as exc:
+    except (JarFetchError, ValueError) as exc:  # ValueError: ConfigError, no such build
         print(f"jars: {exc}", file=sys.stderr)
         return 1
     print(folder)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine:
 # redis-server (apt, when missing), Java 17 and Maven (apt, when missing), Apache
-# Kafka's broker and Spark's Kafka connector (jars from Maven Central, fetched once
+# Kafka's broker, Spark's Kafka connector and the table formats (jars from Maven Central, fetched once
 # into ~/.cache/dedup-gateway/jars: devtools/jars.py), Prometheus/promtool for the deployment checks (scripts/setup-ops.sh),
 # and a virtualenv with the package and its dev/test extras.
 set -euo pipefail
@@ -29,4 +29,5 @@ bash "$(dirname "$0")/setup-ops.sh"
 # The JVM engines, fetched once (a second run finds them cached and fetches nothing).
 "$VENV/bin/python" -m devtools.jars kafka >/dev/null
 "$VENV/bin/python" -m devtools.jars spark-kafka >/dev/null
+"$VENV/bin/python" -m devtools.jars tables >/dev/null  # [spark] output_format
 echo "setup: done ($VENV)"

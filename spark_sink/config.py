@@ -44,6 +44,9 @@ class SparkSettings(BaseModel):
     # Successful records land in `<output_path>/batch_id=<n>/` (Parquet). Any Hadoop
     # URI Spark can write works (file:, hdfs:, s3a: with its connector on the classpath).
     output_path: str = "var/spark/output"
+    # "parquet": the folders above; "delta": a Delta Lake table at output_path; "iceberg":
+    # an Iceberg table in a Hadoop catalog under it (spark_sink/tables.py, docs/spark.md).
+    output_format: Literal["parquet", "delta", "iceberg"] = "parquet"
     # "module:function" called once per micro-batch; see spark_sink.handlers.
     handler: str = DEFAULT_HANDLER
     # When set, `handler` names a factory called with these keyword arguments.

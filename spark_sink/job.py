@@ -46,6 +46,7 @@ from spark_sink.handlers import Handler, resolve_handler
 from spark_sink.metrics import JobListener, JobMetrics, SinkCountsCollector, serve_metrics
 from spark_sink.preflight import Decision, preflight
 from spark_sink.sink import BatchSink
+from spark_sink.tables import count_table, sink_class, table_conf, table_jars_missing
 from spark_sink.transforms import (
     PROCESSED_AT,
     batch_time,
@@ -153,6 +154,8 @@ def session_conf(settings: SinkSettings, terminal: bool) -> dict[str, str]:
     conf.update(settings.spark.conf)
     if not jvm_started():
         conf.update(connector_jars_conf(settings))
+    conf.update(table_conf(settings, conf))  # Delta's static settings, the format's jars
+    if not jvm_started():
         options = conf.get(DRIVER_JAVA_OPTIONS, "")
         if "log4j2.configurationFile" not in options:
             ours = f"-Dlog4j2.configurationFile={LOG4J2_CONF}"
@@ -291,7 +294,7 @@ def make_sink(settings: SinkSettings, handler: Handler | None = None) -> BatchSi
         "enable.idempotence": settings.kafka.producer_idempotence,
         "linger.ms": 5,
     }
-    return BatchSink(
+    return sink_class(settings)(
         handler=handler,
         output_path=settings.spark.output_path,
         checkpoint_dir=str(settings.spark.checkpoint_dir),
@@ -344,7 +347,7 @@ def before_session(settings: SinkSettings) -> Decision:
     setting: `spark.source = "native"` without a connector (ConfigError), a broker
     that does not answer within a second (BrokerUnreachable); returns whether to run
     the delivery dedup (`spark_sink.preflight`)."""
-    missing = native_connector_missing(settings)
+    missing = native_connector_missing(settings) or table_jars_missing(settings)
     if missing is not None:
         raise ConfigError(missing)
     return preflight(settings)
@@ -399,7 +402,11 @@ def run_until_idle(
             failed=sink.counts.failed,
             releases_published=sink.counts.releases_published,
             written=sink.counts.written,
-            output_rows=count_output(session, settings.spark.output_path),
+            output_rows=(
+                count_output(session, settings.spark.output_path)
+                if settings.spark.output_format == "parquet"
+                else count_table(session, settings)
+            ),
             source=source,
             delivery_dedup=dedup,
         )
