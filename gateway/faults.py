@@ -10,7 +10,9 @@
 Points: `raw-acked`, after the broker acknowledged a raw batch's copies and before
 its offsets are committed (or, with `exactly_once`, sent in its transaction): the
 window in which a crash replays a batch whose copies are written; `delay-acked`, the
-same for a step of the delay loop (tier records moved on, tier offsets not committed).
+same for a step of the delay loop (tier records moved on, tier offsets not committed);
+`retry-acked`, after the broker acknowledged a retry's copy and before its command
+counts as done (noted in Redis and, with `exactly_once`, its transaction committed).
 
 Nothing reads the variable in production but this module, once at import; an unknown
 point or action is refused at start-up.
@@ -22,7 +24,7 @@ import os
 import signal
 
 ENV = "DEDUP_GATEWAY_FAULT"
-POINTS = frozenset({"raw-acked", "delay-acked"})
+POINTS = frozenset({"raw-acked", "delay-acked", "retry-acked"})
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 

@@ -58,7 +58,7 @@ UNDECIDED_ACTIONS: tuple[str, ...] = get_args(DedupSettings.model_fields["on_no_
 _CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-TRANSACTIONAL_LOOPS = ("raw", "delay")  # the loops that write in transactions (exactly_once)
+TRANSACTIONAL_LOOPS = ("raw", "delay", "failures")  # the loops that write in transactions
 
 
 class Metrics:
@@ -298,8 +298,8 @@ class Metrics:
         )
         self.transactions_aborted = Counter(
             f"{PREFIX}_transactions_aborted",
-            "Steps whose transaction aborted (exactly_once), by loop (raw, delay): the group "
-            "moved on, or the broker aborted it after transaction_timeout; read again",
+            "Steps whose transaction aborted (exactly_once), by loop (raw, delay, failures): "
+            "the group moved on, or the broker aborted it after transaction_timeout; read again",
             ["loop"],
             registry=r,
         )

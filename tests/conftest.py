@@ -44,10 +44,10 @@ HEAVY_NICENESS = 10
 # line of them was the suite's longest, about 9 of its 13 minutes); the venv-pack
 # tests share their module's build. The first prefix that matches decides.
 ONE_AT_A_TIME = {
-    "chaos/test_chaos.py": "chaos-schedules",
-    "bench/test_restart.py": "benchmark-restarts",
-    "bench/test_bench_delay.py": "benchmark-restarts",
-    "bench/": "benchmark-runs",
+    "tests/chaos/test_chaos.py": "chaos-schedules",
+    "tests/bench/test_restart.py": "benchmark-restarts",
+    "tests/bench/test_bench_delay.py": "benchmark-restarts",
+    "tests/bench/": "benchmark-runs",
 }
 
 
@@ -63,7 +63,7 @@ def xdist_group(item: pytest.Item) -> str | None:
     """The worker group of a test: the heavy stacks one per kind; tests that use an
     expensive shared fixture of ours one per fixture (per module for a
     module-scoped one); the rest go wherever a worker is free."""
-    where = _where(item)
+    where = f"tests/{_where(item)}"
     for prefix, group in ONE_AT_A_TIME.items():
         if where.startswith(prefix):
             return group

@@ -20,9 +20,12 @@ commands; the mode, chosen once in gateway/service/app.py, acts on them:
 
 Commands are consumed at least once and their effects are idempotent: the
 handover notes which command delivery made it, so a crash replay of that
-delivery redoes the effect (at most one extra copy of the retry), while another
-copy of the command, or a command whose token is stale, changes nothing.
-Offsets are committed only once a command's effect is acknowledged.
+delivery redoes the effect, while another copy of the command, or a command whose
+token is stale, changes nothing. Offsets are committed only once a command's effect
+is acknowledged. A crash between a retry's acknowledgement and the Redis note that
+it is done sends it once more (at-least-once); with `[kafka] exactly_once` the due
+retries and dead letters go out in one transaction with the command offsets they
+complete (`_due_in_a_transaction`), so a `read_committed` reader sees each once.
 
 Every id is handled as the exact bytes the command names (`Command.id`, from
 `id_b64` when present), so ids that are not UTF-8 are released, handed over,
@@ -50,9 +53,11 @@ from gateway.config import Settings
 from gateway.contract.commands import Command, parse_command
 from gateway.contract.records import Record, coordinates, source_ref
 from gateway.errors import InvalidCommand
+from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
 from gateway.kafka.loop import Commits, ConsumerLoop
 from gateway.kafka.offsets import OffsetBook, PartitionOffsets
 from gateway.kafka.salvage import Fetched
+from gateway.kafka.transactions import group_member
 from gateway.metrics import Metrics
 from gateway.waits import wait_or_stop
 
@@ -84,8 +89,16 @@ class FailureMode(Protocol):
     async def act(self, tp: TopicPartition, part: CommandPartition, valid: Valid) -> int | None:
         """Act on one partition's commands in order; the offset to rewind to, if undecided."""
 
-    async def run_due(self, stop: asyncio.Event) -> None:
-        """Before a fetch: the effects whose time has come."""
+    def has_due(self) -> bool:
+        """An effect's time has come."""
+
+    async def run_due(self, stop: asyncio.Event, budget_s: float | None = None) -> list[Command]:
+        """Before a fetch: the effects whose time has come (for at most `budget_s`); the
+        commands whose effect went out and is to be noted done (`noted_done`) once its
+        transaction committed."""
+
+    async def noted_done(self, commands: list[Command]) -> None:
+        """Note these commands' effects done (after their transaction committed)."""
 
     def busy(self) -> bool:
         """Too much scheduled: fetch nothing more for now."""
@@ -105,6 +118,7 @@ class FailureLoop:
         metrics: Metrics,
         commands: AIOKafkaConsumer,
         book: OffsetBook[CommandPartition],
+        transactions: Transactions | None = None,
     ) -> None:
         self.failures = settings.failures
         self.mode = mode
@@ -112,7 +126,11 @@ class FailureLoop:
         self.commands = commands
         self.raw_topics = frozenset(settings.kafka.raw_topics)
         self.book = book
-        self.commits = Commits(commands, "failure-topic")
+        self.commits = Commits(commands, "failure-topic", transactions)
+        # A transaction's share of the due retries: well inside `transaction_timeout`,
+        # after which the broker aborts it (400 retries in one took longer, and every
+        # one was aborted and redone).
+        self.step_budget_s = min(1.0, settings.kafka.transaction_timeout.total_seconds() / 5)
         self.loop = ConsumerLoop(
             commands, settings.kafka, "failure command", self, book.position, book.read_on
         )
@@ -126,11 +144,42 @@ class FailureLoop:
 
     async def ask(self, stop: asyncio.Event) -> tuple[int, int] | None:
         """The effects due first; no fetch while too many are scheduled."""
-        await self.mode.run_due(stop)
+        if self.commits.transactions is None:
+            await self.mode.run_due(stop)
+        elif self.mode.has_due():
+            await self._due_in_a_transaction(stop)
         if self.mode.busy():
             await wait_or_stop(stop, FETCH_TIMEOUT_MS / 1000)  # let scheduled effects drain
             return None
         return FETCH_TIMEOUT_MS, MAX_COMMANDS
+
+    async def _due_in_a_transaction(self, stop: asyncio.Event) -> None:
+        """The due effects' copies and the command offsets they complete in one
+        transaction, under the loop's lock (a revoke waits for it), committed as the
+        group member the consumer is now: a zombie's commit is refused, and aborts."""
+        sent: list[Command] = []
+
+        async def step() -> dict[TopicPartition, int]:
+            sent.extend(await self.mode.run_due(stop, self.step_budget_s))
+            return self.book.due_commits(self.commands)
+
+        async with self.loop.lock:
+            try:
+                committed = await self.commits.transaction(step(), group_member(self.commands))
+            except StepAborted:
+                await self._read_again()
+                return
+        self.book.committed(committed)
+        await self.mode.noted_done(sent)
+
+    async def _read_again(self) -> None:
+        """A transaction aborted: its copies are not visible and no offset moved. Every
+        scheduled effect is dropped and each command partition read again from its
+        commit, which hands over again (the same command: redone) and reschedules."""
+        self.metrics.transactions_aborted.labels("failures").inc()
+        self.forget(self.commands.assignment())
+        self.loop.guard.revoked()  # a batch fetched before this is stale
+        await read_again_from_commits(self.commands)
 
     async def take(self, fetched: Fetched) -> set[TopicPartition]:
         """Act on each partition's commands; one that waits for a majority reads its

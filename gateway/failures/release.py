@@ -10,6 +10,7 @@ import logging
 
 from aiokafka import TopicPartition
 
+from gateway.contract.commands import Command
 from gateway.contract.tokens import mark_digest
 from gateway.failures.loop import CommandPartition, Valid, command_fields, stale, undecided
 from gateway.metrics import Metrics
@@ -51,8 +52,15 @@ class Releases:
                 return undecided(self.metrics, part, rec, cmd, answers, self.quorum.majority)
         return None
 
-    async def run_due(self, stop: asyncio.Event) -> None:
+    def has_due(self) -> bool:
+        return False
+
+    async def noted_done(self, commands: list[Command]) -> None:
+        """Nothing is scheduled: a release is done when decided."""
+
+    async def run_due(self, stop: asyncio.Event, budget_s: float | None = None) -> list[Command]:
         """Nothing is scheduled in release mode."""
+        return []
 
     def busy(self) -> bool:
         return False

@@ -11,6 +11,13 @@ answer makes a command void (its record is below the log start offset or was
 compacted away, its offset is past the end, its partition does not exist); a
 broker that does not answer in time raises `RawFetchError` and the retry is
 rescheduled with backoff, its command still holding the partition's commits back.
+
+With `[kafka] exactly_once` (`transactional`), the failure loop runs the due retries
+and dead letters in a transaction with the command offsets they complete
+(gateway/failures/loop.py): a crash before it commits leaves no copy a
+`read_committed` reader sees, and the commands are read again. Their effects are
+noted done in Redis only once it committed (`noted_done`): noted before, a replayed
+command would find its effect done and never send the copy the abort threw away.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass, replace
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
+from gateway import faults
 from gateway.config import Settings
 from gateway.contract.commands import Command
 from gateway.contract.records import (
@@ -87,8 +95,10 @@ class Retries:
         metrics: Metrics,
         fetcher: RawFetcher,
         book: OffsetBook[CommandPartition],
+        transactional: bool = False,
     ) -> None:
         self.settings = settings
+        self.transactional = transactional
         self.failures = settings.failures
         self.quorum = quorum
         self.sink = sink
@@ -101,6 +111,10 @@ class Retries:
 
     def busy(self) -> bool:
         return len(self.due) >= MAX_PENDING
+
+    def has_due(self) -> bool:
+        at = self.due.next_at()
+        return at is not None and at <= time.monotonic()
 
     def forget(self, partitions: set[TopicPartition]) -> None:
         self.due.drop(lambda due: due.tp in partitions)
@@ -138,20 +152,36 @@ class Retries:
         """False once the due's command partition was revoked (its new owner redoes it)."""
         return self.book.parts.get(due.tp) is due.owner
 
-    async def run_due(self, stop: asyncio.Event) -> None:
-        while not stop.is_set() and (due := self.due.pop_due(time.monotonic())) is not None:
+    async def run_due(self, stop: asyncio.Event, budget_s: float | None = None) -> list[Command]:
+        """Send the retries and dead letters whose time has come, for at most `budget_s`
+        (one transaction's share); the commands whose copy the broker acknowledged and
+        that are not noted done yet (`transactional`)."""
+        sent: list[Command] = []
+        until = None if budget_s is None else time.monotonic() + budget_s
+        while not stop.is_set() and (until is None or time.monotonic() < until):
+            if (due := self.due.pop_due(time.monotonic())) is None:
+                break
             if not self._ours(due):
                 continue
             try:
-                await self._redo(due, self.fetcher)
+                if await self._redo(due, self.fetcher):
+                    sent.append(due.command)
             except (RawFetchError, KafkaError) as exc:
                 if isinstance(exc, KafkaError) and not (
                     exc.retriable or isinstance(exc, KafkaTimeoutError)
                 ):
                     raise
                 self._later(due, exc)
-                return  # the broker is slow or away: let the command loop run before the next
+                break  # the broker is slow or away: let the command loop run before the next
             due.owner.moved.add(due.offset)
+        return sent
+
+    async def noted_done(self, commands: list[Command]) -> None:
+        """Note in Redis that these commands' copies are out (see `transactional`)."""
+        if commands:
+            await self.quorum.mark_done(
+                [mark_digest(c.id) for c in commands], [c.ref for c in commands]
+            )
 
     def _later(self, due: _Due, exc: Exception) -> None:
         """Reschedule a retry the broker could not serve now; its command stays pending."""
@@ -166,16 +196,17 @@ class Retries:
             extra={**command_fields(cmd), "tries": failures},
         )  # fmt: skip
 
-    async def _redo(self, due: _Due, fetcher: RawFetcher) -> None:
-        """Forward the retry or the dead letter, then note it done; or count the command
-        invalid when the broker says its raw record is not there."""
+    async def _redo(self, due: _Due, fetcher: RawFetcher) -> bool:
+        """Forward the retry or the dead letter, then note it done (unless
+        `transactional`: True, the caller notes it); or count the command invalid when
+        the broker says its raw record is not there."""
         cmd = due.command
         raw = await fetcher.fetch(cmd.topic, cmd.partition, cmd.offset)
         if not self._ours(due):
-            return  # revoked during the fetch: the new owner replays the command
+            return False  # revoked during the fetch: the new owner replays the command
         if isinstance(raw, Absent):
             invalid(self.metrics, cmd, raw.reason, raw.detail)
-            return
+            return False
         try:
             raw_id: bytes | None = self.extract(raw)
         except BadRecord:
@@ -187,7 +218,7 @@ class Retries:
                 "id_mismatch",
                 f"the raw record has id {raw_id!r}, not {cmd.id!r}",
             )
-            return
+            return False
         reasons = json.dumps(cmd.history).encode()
         if due.dead:
             headers = clean_headers(
@@ -222,7 +253,11 @@ class Retries:
             )  # fmt: skip
             await self._deliver(self.settings.clean_topic_of(raw.topic), raw, headers)
             self.metrics.retries.labels(str(attempt)).inc()
+        faults.reached("retry-acked")
+        if self.transactional:
+            return True
         await self.quorum.mark_done([mark_digest(cmd.id)], [cmd.ref])
+        return False
 
     async def _deliver(self, topic: str, raw: Record, headers: list[tuple[str, bytes]]) -> None:
         for fut in await self.sink.send(topic, [clean_record(raw, headers)]):

@@ -1,8 +1,9 @@
 """One Kafka transaction per step of a consumer loop: its copies and its input offsets
 committed together, or neither (`[kafka] exactly_once`).
 
-The raw loop (gateway/raw/checkpoint.py) and the delay loop (gateway/delay/loop.py)
-each hold a `Transactions`: their own transactional producer, under an id of their own
+The raw loop (gateway/raw/checkpoint.py), the delay loop (gateway/delay/loop.py) and,
+in retry mode, the failure loop (gateway/failures/loop.py) each hold a `Transactions`:
+their own transactional producer, under an id of their own
 (`<group_id>.<loop>.<group_instance_id or this process's own>`). A step that aborts
 (the group moved on, or the broker aborted it after `transaction_timeout`) wrote
 nothing a `read_committed` reader sees and moved no offset: `run` raises

@@ -218,9 +218,13 @@ class Gateway:
         raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
         await raw_reader.start()
         consumers.append(raw_reader)
+        retry_txn = None  # retries and dead letters go in the failure loop's transactions
+        if exactly_once and settings.failures.mode == "retry":
+            retry_txn = await self._in_transactions("failures", stack)
         failures = failure_loop(
-            settings, self.quorum, sink, metrics, commands, RawFetcher(raw_reader)
-        )
+            settings, self.quorum, retry_txn[1] if retry_txn else sink, metrics, commands,
+            RawFetcher(raw_reader), retry_txn[0] if retry_txn else None,
+        )  # fmt: skip
         commands.subscribe([kafka.failure_topic], listener=failures.listener())
         self.source = source
         return Connected(source, failures, delay, lanes)
@@ -327,16 +331,18 @@ def failure_loop(
     metrics: Metrics,
     commands: AIOKafkaConsumer,
     fetcher: RawFetcher,
+    transactions: Transactions | None = None,
 ) -> FailureLoop:
     """The failure loop on `commands`, its mode chosen once by `[failures] mode`
-    (gateway/failures/release.py or retry.py)."""
+    (gateway/failures/release.py or retry.py); `transactions`: retry mode's, with
+    `[kafka] exactly_once` (`sink` then writes through its producer)."""
     book: OffsetBook[CommandPartition] = OffsetBook(CommandPartition)
     mode: FailureMode = (
         Releases(quorum, metrics)
         if settings.failures.mode == "release"
-        else Retries(settings, quorum, sink, metrics, fetcher, book)
+        else Retries(settings, quorum, sink, metrics, fetcher, book, transactions is not None)
     )
-    return FailureLoop(settings, mode, metrics, commands, book)
+    return FailureLoop(settings, mode, metrics, commands, book, transactions)
 
 
 def transactional_id(kafka: KafkaSettings, loop: str = "raw") -> str:

@@ -16,12 +16,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from devtools.harness import Topics, clean_ids, make_settings, produce, write_toml
+from devtools.harness import (
+    Topics,
+    clean_ids,
+    failure_command,
+    make_settings,
+    produce,
+    write_toml,
+)
 from devtools.topics import committed_offsets, create_topics, read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from gateway.faults import ENV as FAULT_ENV
@@ -248,3 +256,54 @@ async def test_a_kill_between_a_delay_steps_acknowledgement_and_its_commit_moves
         written = await read_topic(broker, topic, committed=False)
         aborted += len(written) - len(await read_topic(broker, topic))
     assert aborted > 0
+
+
+@pytest.mark.parametrize("exactly_once", ["on", "off"])
+async def test_a_kill_between_a_retrys_acknowledgement_and_its_commit(
+    exactly_once, broker, redis_servers, names, tmp_path: Path
+):
+    """Retry mode, killed after a retry's copy was acknowledged and before its command
+    counted as done (fault point `retry-acked`). On: the retries go in the failure
+    loop's transaction, the restarted gateway sends the killed one again, and a
+    committed reader sees each retry once. Off: that retry comes twice (the window is
+    real, and at-least-once)."""
+    ids = 120
+    topics = Topics(names)
+    await topics.create(broker, raw_partitions=2, clean_partitions=2)
+    traffic = await produce_traffic(broker, topics.raw, ids, duplicate_share=0.0)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        kafka={"exactly_once": exactly_once, "group_instance_id": "retrying"},
+        failures={"backoff_initial": "1ms", "backoff_max": "5ms"},
+    )  # fmt: skip
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    log = tmp_path / "gateway.log"
+    forwarding = start(config, log)
+    try:
+        await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
+    finally:
+        assert stop(forwarding) == 0, tail(log)
+    clean = await read_topic(broker, topics.clean, min_records=ids)
+    await produce(broker, topics.failures, [failure_command(r, "boom") for r in clean])
+    crashed = start(config, log, fault="retry-acked:kill:5")
+    assert crashed.wait(timeout=90) == -signal.SIGKILL, tail(log)
+    again = start(config, log)
+    try:
+        await read_topic(broker, topics.clean, min_records=2 * ids, timeout_s=60)
+        failures = await read_topic(broker, topics.failures)
+        per_partition = Counter(r.partition for r in failures)
+        await wait_committed(broker, f"{topics.group}.failures", topics.failures, per_partition)
+    finally:
+        assert stop(again) == 0, tail(log)
+    retried = Counter(
+        dict(r.headers)["dedup-id"]
+        for r in await read_topic(broker, topics.clean)
+        if dict(r.headers).get("dedup-attempt") == b"2"
+    )
+    assert len(retried) == ids  # none lost
+    if exactly_once == "on":
+        assert max(retried.values()) == 1
+        written = await read_topic(broker, topics.clean, committed=False)
+        assert len(written) > 2 * ids  # the killed transaction's copies: aborted, not read
+    else:
+        assert max(retried.values()) == 2

@@ -1,6 +1,8 @@
-"""The gateway killed while it handles failure commands: no retry lost, and a
-retry repeated only if the kill fell between its acknowledgement and the
-Redis note that it was done (one round trip)."""
+"""The gateway killed while it handles failure commands: no retry lost, and none
+repeated for a `read_committed` reader (`[kafka] exactly_once` resolves on here: the
+retries go out in the failure loop's transactions; with it off, a retry is repeated
+when the kill falls between its acknowledgement and the Redis note that it was done:
+test_exactly_once.py::test_a_kill_between_a_retrys_acknowledgement_and_its_commit)."""
 
 from __future__ import annotations
 
@@ -74,4 +76,4 @@ async def test_kill_during_commands_loses_no_retry(broker, redis_servers, names,
         assert proc.wait(timeout=30) == 0
     second = retried(retries)
     assert len(second) == IDS  # every failed record was retried: none lost
-    assert sum(second.values()) - IDS <= KILLS  # at most one repeat per kill
+    assert max(second.values()) == 1  # each retry once: a killed one's copy was aborted
