@@ -40,7 +40,7 @@ guarantee is one rule:
 Delay runs (`--delay yes`, or 4 seeds in 10) turn on `[delay]` and `[coalesce]`,
 add delayed, windowed and clock-skewed records, hostile records on the tier topics
 and the failure topic, a rolling restart into changed settings and a member
-handover (docs/development.md, "Chaos testing").
+handover (docs/chaos.md).
 
 The seed fixes the schedule (faults, targets, durations, pauses), the traffic,
 which ids fail, and the command chaos. Process timing is not fixed by it, so a

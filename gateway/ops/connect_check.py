@@ -99,7 +99,7 @@ def script_commands() -> list[tuple[str, ...]]:
 # Called by the client itself, around the scripts (redis-py: HELLO on connect,
 # SCRIPT LOAD on NOSCRIPT; the quorum: PING).
 CLIENT_COMMANDS: list[tuple[str, ...]] = [("EVALSHA",), ("SCRIPT", "LOAD"), ("PING",)]
-# What a cluster client adds (docs/operations.md, Redis Cluster members).
+# What a cluster client adds (docs/redis-cluster.md).
 CLUSTER_COMMANDS: list[tuple[str, ...]] = [
     ("CLUSTER", "SLOTS"),
     ("CLUSTER", "SHARDS"),

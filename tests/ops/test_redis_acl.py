@@ -73,10 +73,10 @@ async def test_the_documented_acl_lets_the_gateway_dedup_and_release_and_nothing
 
 
 def documented_cluster_acl() -> list[str]:
-    """What docs/operations.md adds to the ACL for a Redis Cluster member's nodes."""
-    text = (DEPLOY.parent / "docs/operations.md").read_text()
+    """What docs/redis-cluster.md adds to the ACL for a Redis Cluster member's nodes."""
+    text = (DEPLOY.parent / "docs/redis-cluster.md").read_text()
     match = re.search(r"what the cluster client needs:\s+`([^`]+)`", text)
-    assert match, "docs/operations.md documents no ACL additions for a cluster member"
+    assert match, "docs/redis-cluster.md documents no ACL additions for a cluster member"
     return match[1].split()
 
 
