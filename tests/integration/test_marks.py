@@ -104,7 +104,7 @@ async def test_lowering_ttl_keeps_a_mark_searchable_for_the_ttl_it_was_claimed_u
     assert int(await client.hget(meta, "id") or 0) - opened_from > 2, "too few slices opened"
     # 3.4 s after its claim under a 4 s ttl, past more than SLICES_BACK newer slices.
     assert await after.claim([mark], ["9"]) == [["7"]]
-    (view,) = await after.inspect(mark)
+    (view,) = await after.admin.inspect(mark)
     assert view is not None and view.owner == "7"
     while time.monotonic() - claimed_at < 4.8:  # its slice's buckets expired (end + 4 s)
         await after.claim([next(filler)], ["8"])
@@ -246,15 +246,15 @@ async def test_a_claim_after_raising_ttl_lives_the_new_ttl_and_lowering_shortens
     a, b, c = digests("ttl", 3)
     # One bucket per slice, so that every claim below lands in the same bucket.
     assert await quorum_on(ttl="1h", buckets=1).claim([a], ["1"]) == [[MINE]]
-    (view,) = await quorum_on(ttl="1h", buckets=1).inspect(a)
+    (view,) = await quorum_on(ttl="1h", buckets=1).admin.inspect(a)
     assert view is not None and view.ttl_ms <= 2 * hour
     # Raised: the slice keeps its length, but what is claimed now lives 24 h at least.
     assert await quorum_on(ttl="24h", buckets=1).claim([b], ["2"]) == [[MINE]]
-    (view,) = await quorum_on(ttl="24h", buckets=1).inspect(b)
+    (view,) = await quorum_on(ttl="24h", buckets=1).admin.inspect(b)
     assert view is not None and 24 * hour - 5000 <= view.ttl_ms <= 25 * hour
     # Lowered again: marks already there keep their longer life.
     assert await quorum_on(ttl="1h", buckets=1).claim([c], ["3"]) == [[MINE]]
-    (view,) = await quorum_on(ttl="1h", buckets=1).inspect(a)
+    (view,) = await quorum_on(ttl="1h", buckets=1).admin.inspect(a)
     assert view is not None and view.ttl_ms >= 24 * hour - 5000
 
 
