@@ -208,14 +208,14 @@ async def test_the_watch_running_between_a_vote_and_its_fills_leaves_the_note_st
 
         noting.claim = claim_then_watch  # type: ignore[method-assign]
         await noting.check()
-        assert await noting.pause(noting.members[2], True)  # its claims are refused
+        assert await noting.admin.pause(noting.members[2], True)  # its claims are refused
         assert await pipeline.vote([b"m-1"], ["11"]) == [Outcome.FORWARD]
         assert len(noting.members[2].backlog) == 1  # held until it is resumed
         await noting.check()  # the watch again, the fill still queued
         note = f"{noting.members[2].name}|{noting.behind.run_id}"
         for server in servers[:2]:
             assert note in await noted_behind_on(server)
-        await noting.pause(noting.members[2], False)
+        await noting.admin.pause(noting.members[2], False)
         await other.refresh_epochs()
         assert other.counted() == [True, True, False]  # noted behind by the other run
 
