@@ -5,10 +5,16 @@ bounded number of moves when tiers are at most 4x apart."""
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.rules.tiers import next_step_ms, pick_tier
+from gateway.contract.records import H_DELIVER_AT, H_TIER_AT, H_WINDOW
+from gateway.errors import BadRecord
+from gateway.rules.tiers import next_step_ms, pick_tier, read_tier_record
+
+EPOCH = re.compile(rb"\d{1,15}")
 
 
 @st.composite
@@ -69,3 +75,41 @@ def test_a_record_that_fits_a_tier_steps_at_its_tier_delay_so_arrival_order_is_s
     else:
         assert next_step_ms(0, tiers[tier], remaining) == tiers[tier]
         assert tier == len(tiers) - 1 or remaining < tiers[tier + 1]  # the largest that fits
+
+
+HEADER_VALUES = st.one_of(
+    st.integers(0, 10**15 - 1).map(lambda n: str(n).encode()),
+    st.binary(max_size=20),
+    st.none(),
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from([H_DELIVER_AT, H_TIER_AT, H_WINDOW, "other"]), HEADER_VALUES),
+    st.integers(1, 10**7),
+    st.integers(0, 10**13),
+    st.integers(0, 10**9),
+)
+def test_a_tier_record_is_read_as_its_headers_say_or_refused(headers, tier_ms, now, ahead):
+    """`read_tier_record` never takes headers a gateway did not write for times: both
+    times epoch milliseconds (1-15 digits), else ValueError; due further than
+    `ahead` from now, BadRecord `delay_too_long`; else its step is `next_step_ms`'s, and
+    it waits for a window exactly when it carries `dedup-window`."""
+    pairs = list(headers.items())
+    due, tier_at = headers.get(H_DELIVER_AT), headers.get(H_TIER_AT)
+
+    def epoch(value: bytes | None) -> int | None:
+        return int(value) if value is not None and EPOCH.fullmatch(value) else None
+
+    try:
+        read = read_tier_record(pairs, tier_ms, now, ahead)
+    except BadRecord as exc:
+        assert exc.reason == "delay_too_long"
+        assert epoch(due) is not None and epoch(due) - now > ahead  # type: ignore[operator]
+        return
+    except ValueError:
+        assert epoch(due) is None or epoch(tier_at) is None
+        return
+    assert (read.due_ms, read.window) == (epoch(due), H_WINDOW in headers)
+    assert read.step_ms == next_step_ms(epoch(tier_at), tier_ms, read.due_ms)  # type: ignore[arg-type]
+    assert read.step_ms <= read.due_ms
