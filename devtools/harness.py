@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
+from devtools.localstack import ManagedProcess
 from devtools.topics import create_topics, read_topic
 from gateway.config import Settings, load_settings
 from gateway.metrics import total
@@ -242,3 +243,8 @@ def failure_command(clean: ConsumerRecord[bytes, bytes], reason: str) -> RawTupl
         "reasons": json.loads(headers.get("dedup-reasons", b"[]")),
     }
     return headers["dedup-id"], json.dumps(body).encode(), []
+
+
+def redis_urls(servers: list[ManagedProcess]) -> list[str]:
+    """The members' URLs of `redis-server`s started by the tests' fixtures."""
+    return [f"redis://127.0.0.1:{s.port}/0" for s in servers]

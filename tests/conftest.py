@@ -178,10 +178,6 @@ def redis_clusters(tmp_path: Path) -> Iterator[ClusterFactory]:
         cluster.stop()
 
 
-def redis_urls(servers: list[ManagedProcess]) -> list[str]:
-    return [f"redis://127.0.0.1:{s.port}/0" for s in servers]
-
-
 @pytest.fixture
 def names() -> Callable[[str], str]:
     """Unique topic/group names per test, so tests share the broker safely."""

@@ -9,13 +9,13 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from bench.steady import _older_marks, fill_older
+from devtools.harness import redis_urls
 from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.quorum.scripts import SLICES_BACK
 from gateway.rules.vote import MINE
-from tests.conftest import redis_urls
 
 
 async def test_filled_older_slices_are_searched_by_the_next_claim(redis_servers: Any) -> None:

@@ -22,6 +22,7 @@ from devtools.harness import (
     eventually,
     make_settings,
     produce,
+    redis_urls,
     running,
 )  # fmt: skip
 from devtools.topics import read_topic, wait_committed
@@ -29,7 +30,6 @@ from gateway.contract.records import OutRecord, record_size
 from gateway.kafka.clients import build_producer
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
-from tests.conftest import redis_urls
 
 GOOD = (b"k", b'{"order": {"id": "o-1"}}', [("message-id", b"m-1")])
 

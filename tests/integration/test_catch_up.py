@@ -12,7 +12,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from devtools.harness import counter_value
+from devtools.harness import counter_value, redis_urls
 from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest, owner_tokens
 from gateway.metrics import Metrics
@@ -20,7 +20,6 @@ from gateway.ops.rebuild import rebuild
 from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.vote import Outcome
-from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, epoch_on, noted_behind_on, owners_on
 from tests.integration.test_epochs import restart_empty
 

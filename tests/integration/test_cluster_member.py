@@ -20,6 +20,7 @@ from devtools.harness import (
     failure_command,
     make_settings,
     produce,
+    redis_urls,
     running,
 )
 from devtools.localstack import ManagedProcess, RedisClusterProcesses
@@ -34,7 +35,6 @@ from gateway.quorum.members import group_of
 from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE
-from tests.conftest import redis_urls
 
 SERVERS = ["redis-server", "valkey-server"]
 
@@ -333,8 +333,9 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         await quorum.check()
         assert not quorum.members[0].backlog
         assert await quorum.claim(fresh, ["6"] * 100) == [["5"] * 100]
-        windows = await quorum.windows.coalesce_update(digests[:4], [1000] * 4, ["1", "2", "3", "4"],
-                                               "fixed", 1000, 5000)  # fmt: skip
+        windows = await quorum.windows.coalesce_update(
+            digests[:4], [1000] * 4, ["1", "2", "3", "4"], "fixed", 1000, 5000
+        )
         assert windows == [[(1000, True, 0)] * 4]  # (start, opened, newest before)
         assert await quorum.windows.coalesce_close(digests[:4], [1000] * 4) == [
             [(v, 1, 1000) for v in ("1", "2", "3", "4")]

@@ -24,6 +24,7 @@ from devtools.harness import (
     Topics,
     counter_value,
     make_settings,
+    redis_urls,
     running,
     start_process,
     write_toml,
@@ -36,7 +37,6 @@ from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
 from gateway.rules.windows import version
-from tests.conftest import redis_urls
 from tests.integration.test_delay import TIERS, create_all, poll, reading
 
 KEYS, UPDATES, WINDOW_MS = 300, 10, 3000

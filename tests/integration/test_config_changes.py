@@ -21,12 +21,11 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from devtools.harness import Topics, start_process, write_toml
+from devtools.harness import Topics, redis_urls, start_process, write_toml
 from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.cli import main
 from gateway.delay.coalescer import now_ms
 from gateway.rules.tiers import tier_topics
-from tests.conftest import redis_urls
 from tests.integration.test_coalesce import coalesce_settings
 from tests.integration.test_delay import (
     TIERS,

@@ -15,12 +15,12 @@ from devtools.harness import (
     Topics,
     clean_ids,
     make_settings,
+    redis_urls,
     start_process,
     write_toml,
 )
 from devtools.topics import committed_offsets, wait_committed
 from devtools.traffic import produce_traffic
-from tests.conftest import redis_urls
 
 KILLS = 4
 BATCH = 500

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from devtools.harness import Topics, ids_of, make_settings, running
+from devtools.harness import Topics, ids_of, make_settings, redis_urls, running
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
-from tests.conftest import redis_urls
 
 
 @pytest.mark.parametrize("instances", [1, 3, 5])

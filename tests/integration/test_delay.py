@@ -27,6 +27,7 @@ from devtools.harness import (
     counter_value,
     make_settings,
     produce,
+    redis_urls,
     running,
     start_process,
     until,
@@ -37,7 +38,6 @@ from gateway.config import Settings
 from gateway.delay.coalescer import now_ms
 from gateway.kafka.clients import partitions_of
 from gateway.rules.tiers import tier_topics
-from tests.conftest import redis_urls
 
 TIERS = ["1s", "4s", "16s"]
 

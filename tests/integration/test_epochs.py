@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from devtools.harness import Topics, eventually, make_settings, running
+from devtools.harness import Topics, eventually, make_settings, redis_urls, running
 from devtools.localstack import ManagedProcess
 from gateway.config import Settings, load_settings
 from gateway.contract.tokens import mark_digest
@@ -24,7 +24,6 @@ from gateway.quorum.quorum import Quorum, scripts
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE, Outcome
-from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, epoch_on, owners_on
 
 Servers = list[ManagedProcess]

@@ -28,13 +28,13 @@ from devtools.harness import (
     failure_command,
     make_settings,
     produce,
+    redis_urls,
     write_toml,
 )
 from devtools.topics import committed_offsets, create_topics, read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from gateway.faults import ENV as FAULT_ENV
 from gateway.rules.tiers import tier_topics
-from tests.conftest import redis_urls
 
 BATCH = 200
 

@@ -20,6 +20,7 @@ from devtools.harness import (
     failure_command,
     make_settings,
     produce,
+    redis_urls,
     running,
 )
 from devtools.localstack import free_port, kafka_broker
@@ -32,7 +33,6 @@ from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics, total
 from gateway.quorum.quorum import Quorum
 from gateway.service.app import failure_loop
-from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, owners_on
 
 ORDER = b'{"order_id": "m-1"}'

@@ -20,12 +20,12 @@ from devtools.harness import (
     failure_command,
     make_settings,
     produce,
+    redis_urls,
     start_process,
     write_toml,
 )
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
-from tests.conftest import redis_urls
 
 IDS = 400
 KILLS = 3

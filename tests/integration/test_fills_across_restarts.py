@@ -23,14 +23,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from devtools.harness import Topics, clean_ids, make_settings, produce, write_toml
+from devtools.harness import Topics, clean_ids, make_settings, produce, redis_urls, write_toml
 from devtools.localstack import free_port
 from devtools.topics import committed_offsets, wait_committed
 from gateway.config import load_settings
 from gateway.contract.tokens import owner_token
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
-from tests.conftest import redis_urls
 from tests.integration.test_epochs import restart_empty
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from devtools.harness import redis_urls
 from gateway.cli import main
-from tests.conftest import redis_urls
 from tests.ops.test_redis_acl import documented_acl
 
 

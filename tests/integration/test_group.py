@@ -15,12 +15,12 @@ from devtools.harness import (
     counter_value,
     eventually,
     make_settings,
+    redis_urls,
     running,
 )  # fmt: skip
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from gateway.raw.source import RawSource
-from tests.conftest import redis_urls
 
 
 async def test_two_gateways_with_rebalances_forward_each_id_exactly_once(

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from devtools.harness import Topics, eventually, make_settings, produce, running
+from devtools.harness import Topics, eventually, make_settings, produce, redis_urls, running
 from devtools.topics import wait_committed
-from tests.conftest import redis_urls
 
 
 async def _status(session: aiohttp.ClientSession, port: int, path: str) -> tuple[int, str]:

@@ -10,11 +10,10 @@ from collections import Counter
 
 from aiokafka import AIOKafkaProducer
 
-from devtools.harness import Topics, counter_value, make_settings, running
+from devtools.harness import Topics, counter_value, make_settings, redis_urls, running
 from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.contract.records import H_ID, H_LANE, H_SOURCE
 from gateway.service.app import Gateway
-from tests.conftest import redis_urls
 
 LOW, HIGH, SHARED = 40_000, 4_000, 1_000
 PER_BATCH = 100  # small produce batches: the test broker's ListOffsets counts batches

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from devtools.harness import redis_urls
 from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest, owner_token
 from gateway.metrics import Metrics
@@ -20,7 +21,6 @@ from gateway.quorum.keys import handover_key
 from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE
-from tests.conftest import redis_urls
 
 QuorumFactory = Callable[..., Quorum]
 

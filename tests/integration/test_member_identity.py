@@ -12,13 +12,20 @@ from typing import Any
 
 import pytest
 
-from devtools.harness import Topics, clean_ids, make_settings, produce, running, write_toml
+from devtools.harness import (
+    Topics,
+    clean_ids,
+    make_settings,
+    produce,
+    redis_urls,
+    running,
+    write_toml,
+)
 from devtools.topics import wait_committed
 from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
-from tests.conftest import redis_urls
 from tests.integration.test_bad_input import GOOD
 from tests.integration.test_first_hour import run, write_config
 

@@ -18,6 +18,7 @@ from devtools.harness import (
     failure_command,
     make_settings,
     produce,
+    redis_urls,
     running,
     write_toml,
 )
@@ -28,7 +29,6 @@ from gateway.metrics import Metrics
 from gateway.ops.inspect import inspect
 from gateway.ops.rebuild import rebuild
 from gateway.quorum.quorum import Quorum
-from tests.conftest import redis_urls
 
 COPY = (b"k", b"{}", [("message-id", b"m-1")])
 

@@ -19,9 +19,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from devtools.harness import eventually
+from devtools.harness import eventually, redis_urls
 from devtools.localstack import free_port
-from tests.conftest import redis_urls
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "docs" / "quickstart.md"

@@ -11,6 +11,7 @@ from devtools.harness import (
     counter_value,
     eventually,
     make_settings,
+    redis_urls,
     running,
 )
 from devtools.topics import wait_committed
@@ -19,7 +20,6 @@ from gateway.config import Settings
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
-from tests.conftest import redis_urls
 from tests.integration.redis_marks import owners_on
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from devtools.harness import redis_urls
 from devtools.localstack import ManagedProcess
 from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest
@@ -21,7 +22,6 @@ from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.vote import Outcome
-from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, owners_on
 from tests.integration.test_epochs import restart_empty, vote
 

@@ -12,7 +12,15 @@ from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from devtools.harness import Topics, clean_ids, counter_value, eventually, make_settings, running
+from devtools.harness import (
+    Topics,
+    clean_ids,
+    counter_value,
+    eventually,
+    make_settings,
+    redis_urls,
+    running,
+)
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from gateway.config import Settings, load_settings
@@ -21,7 +29,6 @@ from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.vote import MINE, Outcome
-from tests.conftest import redis_urls
 from tests.integration.redis_marks import alone, noted_behind_on, owners_on
 
 

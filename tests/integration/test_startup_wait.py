@@ -13,12 +13,12 @@ from devtools.harness import (
     eventually,
     make_settings,
     produce,
+    redis_urls,
     start_process,
     write_toml,
 )
 from devtools.localstack import free_port, kafka_broker
 from devtools.topics import wait_committed
-from tests.conftest import redis_urls
 
 REPORT = "cannot reach a Redis majority"
 WINDOW_S = 7.0  # reports due at 0, 2 and 6 s; once a second would be 8

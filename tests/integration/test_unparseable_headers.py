@@ -23,6 +23,7 @@ from devtools.harness import (
     failure_command,
     make_settings,
     produce,
+    redis_urls,
     running,
 )
 from devtools.topics import create_topics, read_topic, wait_committed
@@ -37,7 +38,6 @@ from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
 from gateway.service.app import failure_loop
-from tests.conftest import redis_urls
 from tests.integration.test_bad_input import batch_with_bad_header_name, produce_raw_batch
 
 

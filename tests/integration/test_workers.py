@@ -16,11 +16,10 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.harness import Topics, clean_ids, make_settings, write_toml
+from devtools.harness import Topics, clean_ids, make_settings, redis_urls, write_toml
 from devtools.localstack import free_port
 from devtools.topics import committed_offsets, wait_committed
 from devtools.traffic import produce_traffic
-from tests.conftest import redis_urls
 
 BATCH = 500
 

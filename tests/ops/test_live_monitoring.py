@@ -28,11 +28,11 @@ from devtools.harness import (
     Topics,
     failure_command,
     produce,
+    redis_urls,
     start_process,
 )
 from devtools.localstack import ManagedProcess, free_port, wait_for_port
 from devtools.topics import create_topics, read_topic
-from tests.conftest import redis_urls
 from tests.ops.conftest import (
     ALERTS,
     PROMETHEUS_CONFIG,

@@ -20,11 +20,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from devtools.harness import Topics, counter_value, eventually, make_settings, running
+from devtools.harness import Topics, counter_value, eventually, make_settings, redis_urls, running
 from devtools.jars import spark_kafka_jars
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
-from tests.conftest import redis_urls
 from tests.integration.spark.compat_env import compat_venv, job_env, python_of
 
 # Building the venv on a fresh machine: ~45 s for pyspark's 317 MB, plus the rest.

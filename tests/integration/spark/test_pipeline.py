@@ -14,13 +14,13 @@ from devtools.harness import (
     counter_value,
     eventually,
     make_settings,
+    redis_urls,
     running,
 )
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from spark_sink.config import load_sink_settings
 from spark_sink.job import run_until_idle
-from tests.conftest import redis_urls
 
 pytestmark = [pytest.mark.spark, pytest.mark.spark_compat]
 
