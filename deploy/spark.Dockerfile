@@ -8,7 +8,7 @@
 # so a standalone CPython 3.11 is installed by uv into /opt/venv and PySpark
 # is taken from the image's own /opt/spark/python (the same version as the jars).
 # The Spark version is the pyspark pinned in constraints.txt (the one tested;
-# tests/ops/test_constraints.py), and the venv's packages are pinned by it too:
+# tests/deployment/test_constraints.py), and the venv's packages are pinned by it too:
 # the `spark` extra minus pyspark, plus py4j for the image's pyspark.
 
 ARG SPARK_IMAGE=apache/spark:4.2.0-scala2.13-java17-python3-ubuntu

@@ -6,7 +6,7 @@
 
 alerts.yml stays the one source (compose's Prometheus loads it as is); its
 `groups:` block becomes the PrometheusRule's `spec`, text and comments kept,
-indented by two spaces. tests/ops runs --check and compares the parsed rules.
+indented by two spaces. tests/deployment runs --check and compares the parsed rules.
 """
 
 from __future__ import annotations

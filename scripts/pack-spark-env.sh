@@ -14,7 +14,7 @@
 # the OS and Python (same minor version) your cluster nodes have, and set
 # PYTHON_PREFIX to where that Python lives on the nodes (e.g. /usr for
 # /usr/bin/python3.11) when it is not where it lives here.
-# --dry-run prints the requirements only. tests/ops/test_spark_pack.py builds
+# --dry-run prints the requirements only. tests/deployment/test_spark_pack.py builds
 # the archive and runs it under spark-submit (about 1.5 min to build here).
 # Environment: PYTHON (the interpreter to build with, default python3),
 # PYTHON_PREFIX (the nodes' Python prefix), PIP_* as usual.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds helm (the chart checks in tests/ops: `helm lint`, `helm template`) from its Go
+# Builds helm (the chart checks in tests/deployment: `helm lint`, `helm template`) from its Go
 # module with this machine's Go toolchain, into ~/.cache/dedup-gateway/bin/helm (outside
-# the repository; tests/ops/conftest.py's `tool` looks there). Idempotent: returns at
+# the repository; tests/deployment/conftest.py's `tool` looks there). Idempotent: returns at
 # once when that helm is the pinned version. Called by scripts/setup-ops.sh.
 #   HELM_VERSION  the module version to build (default below)
 #   HELM_BIN_DIR  where the binary goes (default ~/.cache/dedup-gateway/bin)

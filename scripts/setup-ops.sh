@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the tools the deployment checks in tests/ops need and the dev extra
+# Installs the tools the deployment checks in tests/deployment need and the dev extra
 # does not bring: promtool and the Prometheus server (Debian package
 # `prometheus`), and helm (built from its Go module by scripts/setup-helm.sh).
 # Idempotent: returns at once when they are present.

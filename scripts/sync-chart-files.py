@@ -7,7 +7,7 @@
 Helm reads only files inside the chart, so the chart carries copies of
 deploy/prometheus/alerts.yml (its PrometheusRule), grafana/dashboards/dedup-gateway.json
 (its dashboard ConfigMap) and deploy/config/gateway.k8s.toml (its default
-gateway.toml). Edit the sources, then run this; tests/ops/test_helm.py runs --check.
+gateway.toml). Edit the sources, then run this; tests/deployment/test_helm.py runs --check.
 """
 
 from __future__ import annotations

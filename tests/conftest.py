@@ -37,7 +37,7 @@ CHEAP_SHARED = frozenset({"broker"})
 # their own gateway processes, the benchmark runs, the venv-pack build) run at a
 # lower CPU priority, with every process they start, so that the many tests waiting
 # on a 300 ms Redis timeout get the cores first.
-CPU_HEAVY = ("chaos/test_chaos.py", "bench/", "ops/test_spark_pack.py")
+CPU_HEAVY = ("chaos/test_chaos.py", "bench/", "deployment/test_spark_pack.py")
 HEAVY_NICENESS = 10
 # Of those, the ones that start whole stacks also run one after another, per kind,
 # so that no two schedules starve each other; the benchmark runs in two lines (one

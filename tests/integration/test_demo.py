@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from devtools.jars import KAFKA_VERSION
-from tests.ops.conftest import REPO
+from tests.deployment.conftest import REPO
 
 
 @pytest.mark.spark

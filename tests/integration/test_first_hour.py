@@ -12,7 +12,7 @@ import redis
 
 from devtools.harness import redis_urls
 from gateway.cli import main
-from tests.ops.test_redis_acl import documented_acl
+from tests.deployment.test_redis_acl import documented_acl
 
 
 def write_config(

@@ -14,7 +14,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from tests.ops.conftest import REPO
+from tests.deployment.conftest import REPO
 
 READY_WITHIN_S = 120.0
 

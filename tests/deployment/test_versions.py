@@ -6,7 +6,7 @@ import re
 from importlib.metadata import version
 
 from devtools.jars import KAFKA_VERSION
-from tests.ops.conftest import REPO
+from tests.deployment.conftest import REPO
 
 
 def test_the_compose_stack_runs_the_tested_kafka() -> None:

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.ops.conftest import DEPLOY, REPO, tool
+from tests.deployment.conftest import DEPLOY, REPO, tool
 
 DOCKERFILES = ["gateway.Dockerfile", "spark.Dockerfile"]
 

@@ -11,7 +11,7 @@ from importlib.metadata import version
 import pytest
 from packaging.requirements import Requirement
 
-from tests.ops.conftest import DEPLOY, REPO
+from tests.deployment.conftest import DEPLOY, REPO
 
 CONSTRAINTS = REPO / "constraints.txt"
 BOUNDED = ("pyspark", "pyarrow", "pandas", "redis", "aiokafka", "confluent-kafka")

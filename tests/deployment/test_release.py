@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.ops.conftest import REPO, tool
+from tests.deployment.conftest import REPO, tool
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 VERSION = PROJECT["version"]

@@ -20,7 +20,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.ops.conftest import DEPLOY
+from tests.deployment.conftest import DEPLOY
 
 pytestmark = pytest.mark.timeout(120)
 

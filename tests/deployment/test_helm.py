@@ -1,10 +1,10 @@
 """deploy/helm/dedup-gateway as `helm install` sees it: `helm lint`, `helm template` with
 the default values and with every option on, every object validated as the kustomize
 base's are (test_kubernetes.validate: core kinds strictly against the Kubernetes
-schemas, the operators' kinds against tests/ops/crd_schemas.py), and the same content
+schemas, the operators' kinds against tests/deployment/crd_schemas.py), and the same content
 as the kustomize base: the pod, the config, the Secrets, the rules, the scaling.
 
-helm is built from its Go module by scripts/setup-helm.sh (tests/ops/conftest.py's
+helm is built from its Go module by scripts/setup-helm.sh (tests/deployment/conftest.py's
 `tool` finds it)."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from gateway.config import env_name, load_settings
-from tests.ops.conftest import ALERTS, DASHBOARD, DEPLOY, REPO, load_yaml_documents, tool
-from tests.ops.test_kubernetes import (
+from tests.deployment.conftest import ALERTS, DASHBOARD, DEPLOY, REPO, load_yaml_documents, tool
+from tests.deployment.test_kubernetes import (
     CONFIG,
     K8S,
     KEDA_SASL,

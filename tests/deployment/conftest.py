@@ -55,7 +55,7 @@ def tool(name: str) -> str:
     if found is None:
         pytest.fail(
             f"{name} is not installed: run `bash scripts/setup-ops.sh` and "
-            "`pip install -e '.[dev]'` (the tests in tests/ops need it)"
+            "`pip install -e '.[dev]'` (the tests in tests/deployment need it)"
         )
     return found
 

@@ -13,7 +13,7 @@ import yaml
 
 from gateway.config import Settings, load_settings
 from spark_sink.config import load_sink_settings
-from tests.ops.conftest import DEPLOY, compose, load_yaml_documents
+from tests.deployment.conftest import DEPLOY, compose, load_yaml_documents
 
 TOML_FILES = sorted(DEPLOY.rglob("*.toml"))
 SECRETS = "dedup-gateway-secrets"

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser
-from tests.ops.conftest import REPO
+from tests.deployment.conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 TESTS = REPO / "tests"
@@ -36,17 +36,17 @@ TESTS = REPO / "tests"
 # Programs that code blocks may show besides the ones parsed here, and the test
 # that runs each. Anything else in a code block fails the test until it is added.
 RUN_ELSEWHERE = {
-    "kubectl": "tests/ops/test_kubernetes.py renders the kustomizations",
-    "helm": "tests/ops/test_helm.py lints and renders the chart",
-    ".venv/bin/python": "python -m build: tests/ops/test_release.py builds the package",
-    ".venv/bin/twine": "tests/ops/test_release.py runs twine check --strict",
-    "spark-submit": "tests/ops/test_spark_pack.py submits with the documented options",
-    "docker": "not run here (no Docker engine); tests/ops/test_dockerfiles.py and "
-    "tests/ops/test_manifests.py check the files it reads",
+    "kubectl": "tests/deployment/test_kubernetes.py renders the kustomizations",
+    "helm": "tests/deployment/test_helm.py lints and renders the chart",
+    ".venv/bin/python": "python -m build: tests/deployment/test_release.py builds the package",
+    ".venv/bin/twine": "tests/deployment/test_release.py runs twine check --strict",
+    "spark-submit": "tests/deployment/test_spark_pack.py submits with the documented options",
+    "docker": "not run here (no Docker engine); tests/deployment/test_dockerfiles.py and "
+    "tests/deployment/test_manifests.py check the files it reads",
     "cd": "a shell step",
     "mkdir": "a shell step (tests/integration/spark/test_cluster.py runs docs/spark-cluster.md's)",
-    "scripts/pack-spark-env.sh": "tests/ops/test_spark_pack.py",
-    "python": "python deploy/loadgen/loadgen.py: tests/ops/test_loadgen.py",
+    "scripts/pack-spark-env.sh": "tests/deployment/test_spark_pack.py",
+    "python": "python deploy/loadgen/loadgen.py: tests/deployment/test_loadgen.py",
 }
 # Pages a test runs block by block, in order, against real servers: their blocks
 # (commands, heredocs, expected output) are that test's business.

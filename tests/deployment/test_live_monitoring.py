@@ -33,7 +33,7 @@ from devtools.harness import (
 )
 from devtools.localstack import ManagedProcess, free_port, wait_for_port
 from devtools.topics import create_topics, read_topic
-from tests.ops.conftest import (
+from tests.deployment.conftest import (
     ALERTS,
     PROMETHEUS_CONFIG,
     alert_exprs,

@@ -2,7 +2,7 @@
 `#anchor`s (GitHub's rules), repository paths cited in prose and comments, and
 section citations such as `docs/operations.md, "Sizing Redis"`.
 
-Used by tests/ops/test_doc_links.py, which runs it over the repository and over small
+Used by tests/deployment/test_doc_links.py, which runs it over the repository and over small
 bad examples (so a checker that finds nothing fails too).
 """
 

@@ -14,7 +14,7 @@ import jsonschema
 from gateway.cli import build_parser
 from gateway.config import load_settings
 from gateway.ops.topics import needed_topics
-from tests.ops.conftest import DEPLOY, REPO, compose, load_yaml_documents
+from tests.deployment.conftest import DEPLOY, REPO, compose, load_yaml_documents
 
 COMPOSE_CONFIG = DEPLOY / "config" / "gateway.toml"
 

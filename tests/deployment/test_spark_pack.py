@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.conftest import REPO
+from tests.deployment.conftest import REPO
 
 pytestmark = pytest.mark.timeout(600)
 

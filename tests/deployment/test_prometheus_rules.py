@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.ops.conftest import (
+from tests.deployment.conftest import (
     ALERTS,
     METRIC_NAME,
     PROMETHEUS_CONFIG,
@@ -142,7 +142,7 @@ UNIT_TESTS = Path(__file__).with_name("alerts_test.yml")
 
 
 def test_promtool_unit_tests_of_every_alert_pass(tmp_path: Path) -> None:
-    """tests/ops/alerts_test.yml against alerts.yml with annotations cut to `summary`."""
+    """tests/deployment/alerts_test.yml against alerts.yml with annotations cut to `summary`."""
     (rules,) = load_yaml_documents(ALERTS)
     for group in rules["groups"]:
         for rule in group["rules"]:

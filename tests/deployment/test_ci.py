@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.ops.conftest import REPO
+from tests.deployment.conftest import REPO
 
 
 def first_code_block(markdown: str) -> list[str]:
