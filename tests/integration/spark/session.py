@@ -16,10 +16,11 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from devtools.jars import spark_kafka_jars
+from devtools.jars import spark_kafka_jars, table_formats, table_jars
 from gateway.contract.tokens import owner_token
 from spark_sink.connector import python_source_missing
 from spark_sink.job import DEFAULT_CONF
+from spark_sink.tables import DELTA_CONF
 
 # Why this pyspark cannot run spark_sink.kafka_source (None: it can, 4.2+).
 PYTHON_SOURCE_MISSING = python_source_missing()
@@ -65,10 +66,17 @@ def add_spark_warning_filters(config: pytest.Config) -> None:
 def spark() -> Iterator[SparkSession]:
     """local[2], the job's own defaults (spark_sink.job.DEFAULT_CONF) but two shuffle
     partitions (= two state stores per stateful batch), no UI; Spark's Kafka connector
-    for this pyspark (devtools/jars.py, fetched once) on the classpath, as the job puts
-    it there when it starts Spark itself."""
+    and the table formats' jars for this pyspark (devtools/jars.py, fetched once) on the
+    classpath, as the job puts them there when it starts Spark itself."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     connector = sorted(str(jar) for jar in spark_kafka_jars(pyspark.__version__).glob("*.jar"))
+    # The table formats with a build for this Spark (tests/integration/spark/test_tables.py),
+    # and Delta's static settings, as the job sets them for `output_format = "delta"`.
+    tables = table_formats(pyspark.__version__)
+    for output_format in tables:
+        connector += sorted(
+            str(jar) for jar in table_jars(output_format, pyspark.__version__).glob("*.jar")
+        )
     builder = SparkSession.builder.master("local[2]").appName("spark-sink-tests")
     for key, value in {
         **DEFAULT_CONF,
@@ -77,6 +85,7 @@ def spark() -> Iterator[SparkSession]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.minBatchesToRetain": "5",
+        **(DELTA_CONF if "delta" in tables else {}),
     }.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
