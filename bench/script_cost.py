@@ -9,6 +9,10 @@ and how a batch's chunks are best sent.
     python -m bench.script_cost --compare-sending    # pipelined chunks against the others
     python -m bench.script_cost --floor --fill 32    # what each part of a new id costs
 
+Every run also gives the claim's Redis CPU per new id over a pipelined `SET key
+NX PX` on the same servers right after it (`bench/host_units.py`): the figure
+that compares across hosts.
+
 Starts its own redis-server processes on free ports and calls `Quorum.claim`
 (the product's path). Redis CPU per digest is read two ways, per instance:
 `INFO commandstats` (EVALSHA usec / digests: wall time inside the script,
@@ -46,10 +50,11 @@ import redis.asyncio as aioredis
 import uvloop
 from rich.console import Console
 
+from bench.host_units import set_nx_cost
 from bench.steady import SIZING_FILL, fill_older
 from devtools.localstack import ManagedProcess, redis_server
 from gateway import sizing
-from gateway.config import Settings, load_settings
+from gateway.config import Settings, load_settings, parse_duration
 from gateway.contract.tokens import mark_digest, owner_token, owner_tokens
 from gateway.metrics import Metrics
 from gateway.quorum.link import MemberLink
@@ -212,9 +217,17 @@ async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured
         await quorum.close()
 
 
+async def set_nx_each(urls: list[str], ttl: str) -> list[float]:
+    """Per server, Redis CPU µs per pipelined `SET key NX PX` (bench/host_units.py),
+    on the data the run left: the unit every Redis figure is given in."""
+    ttl_ms = int(parse_duration(ttl).total_seconds() * 1000)
+    return [await set_nx_cost(url, 100_000, ttl_ms, "script-cost") for url in urls]
+
+
 def report_cost(
-    args: argparse.Namespace, servers: list[ManagedProcess], waited: str, measured: Measured
-) -> None:
+    args: argparse.Namespace, servers: list[ManagedProcess], waited: str, measured: Measured,
+    set_nx: list[float],
+) -> None:  # fmt: skip
     ids, before, stats = measured.ids, measured.before, measured.after
     seconds, cpu = measured.seconds, measured.cpu
     copies = int(args.digests * args.duplicates)
@@ -228,6 +241,11 @@ def report_cost(
             f"(commandstats), {used / len(ids):.2f} usec CPU per digest (used_cpu)"
         )
     mean = sum(s[1] for s in stats) / len(stats) / len(ids)
+    ratios = [used / distinct / nx for used, nx in zip(cpu_us, set_nx, strict=True)]
+    console.print(
+        f"[bold]x SET NX per new id per instance: {', '.join(f'{r:.2f}' for r in ratios)}[/] "
+        f"(SET NX {', '.join(f'{v:.2f}' for v in set_nx)} usec per key, pipelined, same servers)"
+    )
     console.print(
         f"[bold]{mean:.2f} usec per digest per instance (commandstats), "
         f"{sum(cpu_us) / len(cpu_us) / len(ids):.2f} (used_cpu), "
@@ -401,7 +419,8 @@ def main() -> int:
                 fields = latency.communicate(timeout=10)[0].decode().split()
                 if len(fields) >= 4:  # min max avg samples
                     waited = f"min {fields[0]} / max {fields[1]} / avg {fields[2]} ms"
-            report_cost(args, servers, waited, measured)
+            set_nx = uvloop.run(set_nx_each(urls, args.ttl))
+            report_cost(args, servers, waited, measured, set_nx)
         finally:
             if latency is not None and latency.poll() is None:
                 latency.kill()

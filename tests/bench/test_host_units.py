@@ -1,0 +1,24 @@
+"""`python -m bench.host_units` on a real broker, three redis-servers and a real
+`dedup-gateway run` process, small: every round measured new ids, the members' CPU
+per new id and a SET NX on each, and the JSON holds them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import host_units
+from gateway.quorum.scripts import SLICES_BACK
+
+
+def test_a_small_run_reports_redis_cpu_per_new_id_in_set_nx_units(tmp_path: Path) -> None:
+    out = tmp_path / "hu.json"
+    argv = ["--rate", "400", "--seconds", "4", "--warmup", "3", "--rounds", "1",
+            "--set-nx", "4000", "--out", str(out)]  # fmt: skip
+    assert host_units.main(argv) == 0
+    (run,) = json.loads(out.read_text())["rounds"]
+    assert run["new_ids"] > 400 and run["records"] > run["new_ids"]  # 20% copies
+    assert len(run["set_nx_us"]) == 3 and min(run["set_nx_us"]) > 0
+    assert min(run["redis_us_per_new_id"]) > 0 and min(run["ratio"]) > 0
+    assert min(run["ids_per_call"]) >= 1 and 0 < min(run["bytes_per_mark"]) < 200
+    assert run["live_slices"] == SLICES_BACK + 1
