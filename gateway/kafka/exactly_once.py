@@ -25,6 +25,9 @@ from gateway.kafka.transactions import Member, TransactionalProducer
 
 logger = logging.getLogger(__name__)
 
+RENEW_FIRST_WAIT_S = 0.1  # between tries to start a new producer after a fence
+RENEW_MAX_WAIT_S = 5.0
+
 
 class StepAborted(Exception):
     """A step's transaction aborted: nothing of it is visible, no offset moved."""
@@ -109,16 +112,34 @@ class Transactions:
                 logger.warning("abort failed (%r): a new transactional producer goes on", again)
                 await self._renew()
             raise StepAborted(str(exc)) from exc
-        except BaseException:
+        except BaseException as exc:
             txn = producer._txn_manager
             if txn.is_in_transaction() and not txn.is_fatal_error():
-                await asyncio.shield(producer.abort_transaction())
+                try:
+                    await asyncio.shield(producer.abort_transaction())
+                except KafkaError as again:  # raised in its place, it hid `exc` (a stop)
+                    logger.warning("%s abort after %r failed: %r", self.what, exc, again)
             raise
         return offsets
 
     async def _renew(self) -> None:
-        old, self.producer = self.producer, self.build()
-        await self.producer.start()  # InitProducerId under the same id: a new epoch
+        old, wait_s = self.producer, RENEW_FIRST_WAIT_S
+        while True:
+            new = self.build()
+            try:
+                await new.start()  # InitProducerId under the same id: a new epoch
+                break
+            except (KafkaError, AssertionError, OSError) as exc:
+                # A broker just back (chaos seed 14004: aiokafka's coordinator lookup
+                # asserted "Did we not perform bootstrap?") took the failure loop down.
+                logger.warning(
+                    "%s: a new transactional producer did not start (%r); trying again "
+                    "in %.1fs", self.what, exc, wait_s,
+                )  # fmt: skip
+                await stop_within(new)
+                await asyncio.sleep(wait_s)
+                wait_s = min(2 * wait_s, RENEW_MAX_WAIT_S)
+        self.producer = new
         if self.use is not None:
             self.use(self.producer)
         logger.warning("%s: a new transactional producer under the same id goes on", self.what)

@@ -12,6 +12,7 @@ from aiokafka.errors import ProducerFenced
 
 from gateway.config import Settings
 from gateway.errors import ConfigError
+from gateway.kafka.exactly_once import Transactions
 from gateway.kafka.transactions import FencingEndTxnHandler, transactions_unsupported
 from gateway.service.app import Gateway, transactional_id
 
@@ -98,3 +99,29 @@ def test_an_end_txn_that_succeeds_or_is_retried_is_aiokafkas() -> None:
     assert completed == [True]
     # CONCURRENT_TRANSACTIONS (51): tried again after the backoff
     assert handler.handle_response(SimpleNamespace(error_code=51)) == 0.1
+
+
+async def test_a_new_producer_that_does_not_start_is_tried_again(caplog) -> None:
+    # A broker just back: aiokafka's coordinator lookup asserted, and the loop that
+    # renewed its fenced producer died with it (chaos seed 14004).
+    started: list[Any] = []
+
+    class Producer:
+        def __init__(self) -> None:
+            self._sender = SimpleNamespace(sender_task=None)
+            self._txn_manager = SimpleNamespace(_transaction_waiter=None)
+
+        async def start(self) -> None:
+            started.append(self)
+            if len(started) < 3:
+                raise AssertionError("Did we not perform bootstrap?")
+
+        async def stop(self) -> None:
+            pass
+
+    used: list[Any] = []
+    transactions = Transactions("raw", Producer(), Producer, used.append)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        await transactions._renew()
+    assert len(started) == 3 and transactions.producer is started[-1] and used == [started[-1]]
+    assert caplog.text.count("did not start") == 2
