@@ -4,7 +4,8 @@ from __future__ import annotations
 
 # Chunks (gateway/quorum/transport.py). DIGEST_COST_US: a new id's Redis CPU with three
 # slices to search, measured with bench/script_cost.py on a shared 2-core
-# machine (bench/RESULTS.md, "Claim script cost"; 6-8 us with one slice). A
+# machine (bench/RESULTS.md, "Claim script cost"; 6-8 us with one slice), kept
+# as a bound since slices last `ttl` (two live: 5.7 us, "The mark store, round 2"). A
 # chunk of CHUNK_DIGESTS is then at most ~6 ms of work: Redis serves other
 # clients between chunks (a pipelined chunk of 500 is about one 16 KB read of
 # its input buffer, so smaller chunks would not interleave any finer).
