@@ -23,7 +23,6 @@ from devtools.harness import (
     failure_command,
     make_settings,
     produce,
-    redis_urls,
     running,
 )
 from devtools.topics import create_topics, read_topic, wait_committed
@@ -46,14 +45,11 @@ def copy_of(message_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
 
 
 async def test_a_failure_command_with_a_header_name_not_utf8_is_skipped_and_the_next_acted_on(
-    broker, redis_servers, names, caplog
+    stack, caplog
 ):
     caplog.set_level(logging.INFO)
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)), failures={"mode": "release"}
-    )
+    s = await stack(raw_partitions=1, clean_partitions=1, failures={"mode": "release"})
+    broker, topics, settings = s.broker, s.topics, s.settings
     async with running(settings) as gateway:
         m = gateway.metrics
         await produce(broker, topics.raw, [copy_of("m-1")])
@@ -74,14 +70,12 @@ async def test_a_failure_command_with_a_header_name_not_utf8_is_skipped_and_the_
 
 
 async def test_a_tier_record_with_a_header_name_not_utf8_is_quarantined_and_the_next_delivered(
-    broker, redis_servers, names, caplog
+    stack, caplog
 ):
     caplog.set_level(logging.INFO)
-    topics = Topics(names)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(1)), delay={"enabled": True, "tiers": ["1s"]}
-    )
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    delay = {"enabled": True, "tiers": ["1s"]}
+    s = await stack(members=1, raw_partitions=1, clean_partitions=1, delay=delay)
+    broker, topics, settings = s.broker, s.topics, s.settings
     (tier,) = tier_topics(settings)
     await create_topics(broker, {tier: 1})
     now = str(now_ms()).encode()
@@ -111,18 +105,15 @@ async def test_a_tier_record_with_a_header_name_not_utf8_is_quarantined_and_the_
 
 
 async def test_a_tier_record_due_beyond_max_delay_is_quarantined_not_cycled_in_the_tiers(
-    broker, redis_servers, names, caplog
+    stack, caplog
 ):
     """A well-formed tier record due further ahead than `[delay] max_delay` (written
     before max_delay was lowered, or by another writer) would step through the largest
     tier past its mark's life: it is quarantined as `delay_too_long`, the next delivered."""
     caplog.set_level(logging.INFO)
-    topics = Topics(names)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(1)),
-        delay={"enabled": True, "tiers": ["1s"], "max_delay": "30s"},
-    )  # fmt: skip
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    delay = {"enabled": True, "tiers": ["1s"], "max_delay": "30s"}
+    s = await stack(members=1, raw_partitions=1, clean_partitions=1, delay=delay)
+    broker, topics, settings = s.broker, s.topics, s.settings
     (tier,) = tier_topics(settings)
     await create_topics(broker, {tier: 1})
     now = now_ms()
@@ -148,16 +139,15 @@ async def test_a_tier_record_due_beyond_max_delay_is_quarantined_not_cycled_in_t
 
 
 async def test_a_revoke_while_reading_past_a_bad_command_waits_for_what_was_read(
-    broker, redis_servers, names, monkeypatch
+    stack, monkeypatch
 ):
     """The failure loop reads past a command it cannot parse under its lock, as every
     loop on the skeleton does: a revoke that comes during the lenient read waits until
     what was read is handled, then drops the partition's state. Handled after the
     revoke, it would have made the revoked partition's state anew and committed it
     past retries the revoke dropped (chaos seed 9709, retry mode, ids never retried)."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(1)))
+    s = await stack(members=1, raw_partitions=1, clean_partitions=1)
+    broker, topics, settings = s.broker, s.topics, s.settings
     kafka, metrics = settings.kafka, Metrics()
     quorum = Quorum(settings.redis, metrics)
     producer = build_producer(kafka)
