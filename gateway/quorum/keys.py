@@ -96,9 +96,10 @@ given a new, recovering epoch (gateway/quorum/epochs.py, `_spread`).
   bucket n, moving the marks whose h % 2m is n (scripts.BUCKET_FILL, at most
   scripts.MAX_SPLITS per call; at most 2^24 buckets). So a bucket holds ~16-64
   marks whatever the rate or the setting: a lookup scans its bucket, and ~300
-  per bucket cost twice the Redis CPU per new id. Only the current slice
-  splits; an older one keeps the count it reached (in `<prefix>slice`), so a
-  changed setting hides no live mark. A gateway from before splits computes
+  per bucket cost twice the Redis CPU per new id. Claims split only the
+  current slice, a rebuild's import whichever slice it writes (a member
+  rebuilt from empty opens its slices with `buckets`); a slice's count is
+  in `<prefix>slice`, so a changed setting hides no live mark. A gateway from before splits computes
   h % buckets and misses moved marks: upgrading needs every older gateway
   stopped first (docs/operations.md, "Sizing Redis"). Redis keeps a hash
   compact up to `hash-max-listpack-entries` fields (512 by default), which the

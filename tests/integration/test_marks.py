@@ -329,6 +329,29 @@ async def test_a_split_that_empties_its_bucket_clears_its_ledger_bit(
     assert await quorum.claim([*odd, even], ["3"] * 34) == [["1"] * 33 + ["2"]]
 
 
+async def test_a_rebuild_import_splits_the_buckets_it_fills(quorum_on: QuorumFactory) -> None:
+    """A member rebuilt from empty opens its slices with `buckets` (here 1): the import
+    splits them as it writes, as claims do, so no bucket ends at thousands of marks."""
+    quorum = quorum_on(buckets=1)
+    redis: aioredis.Redis = quorum.members[0].client
+    await quorum.check()  # its epoch, which import expects
+    inst = quorum.members[0]
+    assert inst.epoch is not None
+    day = 24 * 3600 * 1000
+    current, older = digests("in-current", 2000), digests("in-older", 2000)
+    marks = [(d, "5", 2 * day - 2000, "-", 0) for d in current]  # lives past this slice
+    marks += [(d, "5", day - 2000, "-", 0) for d in older]  # into the slice before
+    for start in range(0, len(marks), 500):
+        chunk = marks[start : start + 500]
+        assert await quorum.import_marks(inst, inst.epoch.id, chunk) == [1] * len(chunk)
+    for slice_id in (1, 0):
+        keys = await redis.keys(f"dd:m:{slice_id}:*")
+        sizes = [await redis.hlen(key) for key in keys]
+        assert sum(sizes) == 2000 and len(keys) >= 2000 // 32 and max(sizes) <= 96, max(sizes)
+        assert all([await redis.pttl(key) > 0 for key in keys])
+    assert await quorum.claim(current + older, ["6"] * 4000) == [["5"] * 4000]
+
+
 async def test_a_new_slice_is_sized_from_the_marks_of_the_one_before(
     quorum_on: QuorumFactory,
 ) -> None:

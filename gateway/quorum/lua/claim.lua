@@ -26,5 +26,5 @@ for owner in string.gmatch(owners, '([^,]+),') do
   out[i], a = claim(slices, string.sub(digests, (i - 1) * len + 1, i * len), owner, now, ledger)
   added = added + a
 end
-if added > 0 then grow(slices, ledger, now, added) end
+if added > 0 then grow(slices[1], added, now, ledger) end
 return out

@@ -49,7 +49,7 @@ local function slice_back(k, expires)
     if slice[3] == s then return slice end
   end
 end
-local out, done = {}, {}
+local out, done, added = {}, {}, {}
 for i = 1, #digests / len do
   local digest, owner, left = string.sub(digests, (i - 1) * len + 1, i * len), owners(), lefts()
   local note, note_left = notes(), tonumber(note_lefts())
@@ -74,17 +74,24 @@ for i = 1, #digests / len do
     expire_at(bucket, keep, now)
     local known = tonumber(redis.call('HGET', meta, 'expires:' .. cur))
     if not known or known < keep then redis.call('HSET', meta, 'expires:' .. cur, fmt('%d', keep)) end
+    added[cur] = (added[cur] or 0) + 1
     out[i] = 1
   else
     local k = math.floor((at - now - tonumber(left)) / slice_ms)
     k = math.max(0, math.min(k, SLICES_BACK))
     bucket = bucket_of(slice_back(k, at - k * slice_ms), h)
     redis.call('HSET', bucket, digest, owner)
+    added[cur - k] = (added[cur - k] or 0) + 1
     if not done[bucket] then  -- any slice: the ledger is not used here
       done[bucket] = true
       expire_at(bucket, at - k * slice_ms, now)
     end
     out[i] = 1
   end
+end
+-- Each slice written keeps ~FILL marks per bucket (prelude.lua, `grow`): a member
+-- rebuilt from empty has one first slice of `buckets`, however many marks it gets.
+for _, slice in ipairs(slices) do
+  if added[slice[3]] then grow(slice, added[slice[3]], now, nil) end
 end
 return out

@@ -250,20 +250,23 @@ local function put(slices, digest, owner, now, ledger)
   expire(ledger, bucket, index, now)
 end
 
--- Count `added` new marks in the current slice and split its buckets while it
--- holds more than FILL per bucket (linear hashing: bucket n - m splits into itself
--- and n, by one more bit of h), at most MAX_SPLITS per call, so a bucket stays
--- near FILL marks whatever the rate or the `buckets` setting (~300 per bucket
--- cost about twice the Redis CPU per new id, bench/RESULTS.md). A split that
--- moves every mark of its bucket empties it (Redis deletes it): its ledger bit
--- is cleared, so the next write there gives it its expiry again.
-local function grow(slices, ledger, now, added)
-  local cur = slices[1]
-  local marks = redis.call('HINCRBY', meta, 'marks:' .. cur[3], added)
-  local n, m, splits = cur[2], cur[4], 0
+-- Count `added` new marks in `slice` and split its buckets while it holds more
+-- than FILL per bucket (linear hashing: bucket n - m splits into itself and n,
+-- by one more bit of h), at most MAX_SPLITS per call, so a bucket stays near
+-- FILL marks whatever the rate or the `buckets` setting (~300 per bucket cost
+-- about twice the Redis CPU per new id, bench/RESULTS.md). Claims grow the
+-- current slice (`ledger`: its expiry ledger); a rebuild's import any slice it
+-- writes (no ledger: a new bucket gets its source bucket's expiry and no bit, so
+-- the next claim there checks it). A split that moves every mark of its bucket
+-- empties it (Redis deletes it): its ledger bit, if any, is cleared, so the next
+-- write there gives it its expiry again.
+local function grow(slice, added, now, ledger)
+  local marks = redis.call('HINCRBY', meta, 'marks:' .. slice[3], added)
+  local n, m, splits = slice[2], slice[4], 0
+  local ledger_key = fmt('%sx:%d', prefix, slice[3])
   while marks > FILL * n and n < MAX_BUCKETS and splits < MAX_SPLITS do
     local p = n - m
-    local from, to = fmt('%s%d', cur[1], p), fmt('%s%d', cur[1], n)
+    local from, to = fmt('%s%d', slice[1], p), fmt('%s%d', slice[1], n)
     local all = redis.call('HGETALL', from)
     local moved, fields = {}, {}
     for j = 1, #all, 2 do
@@ -274,18 +277,23 @@ local function grow(slices, ledger, now, added)
     end
     if #fields > 0 then
       local left = redis.call('PTTL', from)
+      if left < 0 then left = ttl + slice_ms end  -- never without an expiry
       redis.call('HSET', to, unpack(moved))
-      redis.call('PEXPIREAT', to, fmt('%d', math.max(ledger.at, now + left)))
-      redis.call('SETBIT', ledger.key, n, 1)
+      local at = now + left
+      if ledger then at = math.max(ledger.at, at) end
+      redis.call('PEXPIREAT', to, fmt('%d', at))
+      if ledger then redis.call('SETBIT', ledger.key, n, 1) end
       redis.call('HDEL', from, unpack(fields))
-      if 2 * #fields == #all then redis.call('SETBIT', ledger.key, p, 0) end
+      if 2 * #fields == #all and redis.call('EXISTS', ledger_key) == 1 then
+        redis.call('SETBIT', ledger_key, p, 0)
+      end
     end
     n, splits = n + 1, splits + 1
     if n == 2 * m then m = 2 * m end
   end
   if splits > 0 then
-    redis.call('HSET', meta, 'grown:' .. cur[3], n)
-    cur[2], cur[4] = n, m
+    redis.call('HSET', meta, 'grown:' .. slice[3], n)
+    slice[2], slice[4] = n, m
   end
 end
 
