@@ -121,7 +121,10 @@ class _Redrive:
         while active and (limit is None or len(self.redriven) < limit):
             batch = await self.consumer.getmany(*active, timeout_ms=1000, max_records=100)
             if not batch:
-                return  # every partition read to its end
+                # Every partition read to its end: the total, from offsets, also counted
+                # the markers of the transactions dead letters are written in.
+                self.progress.total = self.progress.done
+                return
             for tp, records in batch.items():
                 for rec in records:
                     if limit is not None and len(self.redriven) >= limit:
