@@ -59,7 +59,9 @@ class Checkpoint:
             self._finishing = asyncio.create_task(self._commit_after(finish))
 
     async def drain(self) -> None:
-        """Wait until the batch being acknowledged is committed (its errors surface here)."""
+        """Wait until the batch being acknowledged is committed (its errors surface here).
+        Callers hold the raw loop's `batch_lock`: it is taken from the checkpoint as it is
+        waited for, so a second caller meanwhile would not wait for it."""
         if self._finishing is not None:
             finishing, self._finishing = self._finishing, None
             await finishing

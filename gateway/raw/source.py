@@ -146,8 +146,12 @@ class RawSource:
                     if self.claiming is not None:  # nothing more yet: finish its vote
                         async with self.batch_lock:
                             await self.hand_over(None)
-                    else:  # idle: the last batch's commit is waited for here
-                        await self._drained()
+                    else:  # idle: the last batch's commit is waited for here, under the
+                        # lock as every drain: a revoke's settle that found it taken
+                        # began the next batch's transaction beside it (chaos seed
+                        # 15001: "Invalid state transition IN_TRANSACTION")
+                        async with self.batch_lock:
+                            await self._drained()
                     await self._update_lag()
                     continue
                 async with self.batch_lock:
@@ -172,10 +176,10 @@ class RawSource:
         finally:
             async with self.batch_lock:
                 await self.hand_over(None)
-            try:
-                await self.checkpoint.drain()
-            except StepAborted:  # nothing of it committed: the partitions' next reader replays it
-                self.metrics.transactions_aborted.labels("raw").inc()
+                try:
+                    await self.checkpoint.drain()
+                except StepAborted:  # nothing of it committed: the next reader replays it
+                    self.metrics.transactions_aborted.labels("raw").inc()
 
     async def hand_over(self, voting: Voting | None) -> None:
         """Finish the vote on the batch being claimed and hand it to the checkpoint;
