@@ -1,7 +1,7 @@
 """`dedup-gateway rebuild MEMBER`: copy the live marks into a member that lost them.
 
 A member that restarted empty is *recovering* (gateway/quorum/keys.py, "Epochs"):
-its answers do not count until a whole mark lifetime (1.5 x ttl) has passed.
+its answers do not count until a whole mark lifetime (2 x ttl) has passed.
 A rebuild shortens that to the copy time, while the gateways keep running:
 
 1. Read every member's epoch; the member must answer and have one.

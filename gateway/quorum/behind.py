@@ -86,7 +86,7 @@ class Behind:
         self.links = links
         self._via = via
         self.run_id = uuid.uuid4().hex[:16]
-        self.life_ms = 2 * ttl_ms  # outlives a missed mark (1.5 x ttl) between two notes
+        self.life_ms = 2 * ttl_ms  # a mark missed before a note lives at most 2 x ttl after it
         # Written again this often while the member lags (also by the quorum's watch).
         self.every_s = min(ttl_ms / 2000, max(NOTE_REFRESH_S, 2 * ping_interval_s))
         self.stale_ms = int(STALE_AFTER * self.every_s * 1000)

@@ -20,7 +20,7 @@ that answered those votes, which are counted. So the quorum's watch (every
    it (that run sends them and clears its own note).
 
 A member that lost its data (its epoch `recovering`) is not caught up: it lacks
-every mark, not just some, and `dedup-gateway rebuild` (or 1.5 x ttl) completes it.
+every mark, not just some, and `dedup-gateway rebuild` (or 2 x ttl) completes it.
 A catch-up that fails (a source or the member stops answering, its epoch changes,
 the lease is lost) is logged and counted, and tried again at a later watch.
 """

@@ -4,7 +4,7 @@ Every claim names the epoch it expects and writes nothing where another one is
 found (gateway/quorum/keys.py, "Epochs"); a member whose data was lost is
 *recovering*: its answers are returned but not counted in votes, until
 `dedup-gateway rebuild` copied the marks into it or a whole mark lifetime
-(1.5 x ttl) has passed since its data began. So is a member another gateway
+(2 x ttl) has passed since its data began. So is a member another gateway
 run noted as behind (it stopped holding fills for it, gateway/quorum/behind.py),
 until that note is cleared. A cluster member's epoch lives in
 group 0 and is copied to every group: a group that loses it (its node restarted
