@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from devtools.harness import Topics, ids_of, make_settings, redis_urls, running
+from devtools.harness import ids_of, running
 from devtools.topics import read_topic, wait_committed
 from devtools.traffic import produce_traffic
 
 
 @pytest.mark.parametrize("instances", [1, 3, 5])
 async def test_each_id_forwarded_exactly_once_with_30pct_duplicates_across_partitions(
-    broker, redis_servers, names, instances
+    stack, instances
 ):
-    topics = Topics(names)
-    await topics.create(broker)
+    s = await stack(members=instances)
+    broker, topics, settings = s.broker, s.topics, s.settings
     traffic = await produce_traffic(broker, topics.raw, 6000, duplicate_share=0.3)
     assert traffic.duplicates > 1500  # the generator really produced duplicates
-    settings = make_settings(broker, topics, redis_urls(redis_servers(instances)))
     async with running(settings) as gateway:
         await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
         metrics = gateway.metrics
@@ -29,11 +28,10 @@ async def test_each_id_forwarded_exactly_once_with_30pct_duplicates_across_parti
     assert metrics.forwarded._value.get() == len(traffic.unique_ids)
 
 
-async def test_clean_record_keeps_raw_fields_and_gains_dedup_headers(broker, redis_servers, names):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+async def test_clean_record_keeps_raw_fields_and_gains_dedup_headers(stack):
+    s = await stack(raw_partitions=1, clean_partitions=1)
+    broker, topics, settings = s.broker, s.topics, s.settings
     traffic = await produce_traffic(broker, topics.raw, 5, duplicate_share=0.0)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
     async with running(settings):
         await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
     raw = {r.offset: r for r in await read_topic(broker, topics.raw)}
