@@ -10,7 +10,7 @@ moving the folder, then deletes the staging.
 - Delta: the table is the folder `output_path`; the append carries Delta's idempotent
   write options, `txnAppId` (the query: its checkpoint) and `txnVersion` (the batch
   id), so Delta skips the append of a batch it has committed for that query.
-- Iceberg: the table `dedup_sink.default.clean` of a Hadoop catalog whose
+- Iceberg: the table `default.clean` of a Hadoop catalog whose
   warehouse is `output_path` (`<output_path>/default/clean/`); each append records the
   query and batch id in its snapshot summary (`snapshot-property.*`), and a batch whose
   id a snapshot of this query already carries is not appended again.
@@ -84,8 +84,8 @@ TABLE_ARTIFACTS: dict[tuple[str, tuple[int, int]], TableArtifact] = {
     ("iceberg", (4, 1)): _ICEBERG_4_0,
 }
 ICEBERG_CATALOG = "dedup_sink"
-# The Iceberg table, in the `dedup_sink` catalog: `<output_path>/default/clean/`.
-ICEBERG_TABLE = f"{ICEBERG_CATALOG}.default.clean"
+# The Iceberg table in its catalog: `<output_path>/default/clean/`.
+ICEBERG_TABLE = "default.clean"
 # Snapshot summary keys of an Iceberg append: the query (`query_id`) and the batch.
 ICEBERG_QUERY_KEY = "dedup-sink.query"
 ICEBERG_BATCH_KEY = "dedup-sink.batch-id"
@@ -214,35 +214,40 @@ class IcebergSink(TableSink):
     warehouse is `output_path`."""
 
     def append(self, spark: SparkSession, rows: DataFrame, batch_id: int) -> None:
-        use_hadoop_catalog(spark, self.output_path)
+        table = use_hadoop_catalog(spark, self.output_path)
         query = query_id(self.checkpoint_dir)
-        if not spark.catalog.tableExists(ICEBERG_TABLE):
-            rows.limit(0).writeTo(ICEBERG_TABLE).using("iceberg").create()
-        elif self._committed(spark, query, batch_id):
-            logger.info("batch %d: already in %s, not appended again", batch_id, ICEBERG_TABLE)
+        if not spark.catalog.tableExists(table):
+            rows.limit(0).writeTo(table).using("iceberg").create()
+        elif self._committed(spark, table, query, batch_id):
+            logger.info("batch %d: already in %s, not appended again", batch_id, table)
             return
-        rows.writeTo(ICEBERG_TABLE).options(
+        rows.writeTo(table).options(
             **{f"snapshot-property.{ICEBERG_QUERY_KEY}": query,
                f"snapshot-property.{ICEBERG_BATCH_KEY}": str(batch_id)}
         ).append()  # fmt: skip
 
     @staticmethod
-    def _committed(spark: SparkSession, query: str, batch_id: int) -> bool:
-        """Whether a snapshot of the table carries this query's `batch_id`."""
-        found = spark.table(f"{ICEBERG_TABLE}.snapshots").where(
+    def _committed(spark: SparkSession, table: str, query: str, batch_id: int) -> bool:
+        """Whether a snapshot of `table` carries this query's `batch_id`."""
+        found = spark.table(f"{table}.snapshots").where(
             (F.col("summary")[ICEBERG_QUERY_KEY] == query)
             & (F.col("summary")[ICEBERG_BATCH_KEY] == str(batch_id))
         )
         return not found.isEmpty()
 
 
-def use_hadoop_catalog(spark: SparkSession, warehouse: str) -> None:
-    """Register the `dedup_sink` Iceberg catalog (a Hadoop catalog at `warehouse`) in
-    `spark`; catalogs are read from the session's conf when first used."""
-    prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
+def use_hadoop_catalog(spark: SparkSession, warehouse: str) -> str:
+    """Register an Iceberg Hadoop catalog at `warehouse` in `spark` and return the
+    table's name in it. The catalog is named after the warehouse
+    (`dedup_sink_<hash>`): Spark builds a catalog once per session from its conf, so
+    a catalog name reused for another warehouse would still point at the first."""
+    digest = hashlib.sha256(warehouse.rstrip("/").encode()).hexdigest()[:12]
+    catalog = f"{ICEBERG_CATALOG}_{digest}"
+    prefix = f"spark.sql.catalog.{catalog}"
     spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
     spark.conf.set(f"{prefix}.type", "hadoop")
     spark.conf.set(f"{prefix}.warehouse", warehouse)
+    return f"{catalog}.{ICEBERG_TABLE}"
 
 
 def sink_class(settings: SinkSettings) -> type[BatchSink]:
@@ -257,6 +262,5 @@ def count_table(spark: SparkSession, settings: SinkSettings) -> int:
         if not log.exists("_delta_log"):
             return 0
         return spark.read.format("delta").load(settings.spark.output_path).count()
-    use_hadoop_catalog(spark, settings.spark.output_path)
-    exists = spark.catalog.tableExists(ICEBERG_TABLE)
-    return spark.table(ICEBERG_TABLE).count() if exists else 0
+    table = use_hadoop_catalog(spark, settings.spark.output_path)
+    return spark.table(table).count() if spark.catalog.tableExists(table) else 0

@@ -25,7 +25,6 @@ from spark_sink.config import SinkSettings, load_sink_settings
 from spark_sink.connector import spark_version
 from spark_sink.job import make_sink, run_until_idle, start_query
 from spark_sink.tables import (
-    ICEBERG_TABLE,
     TABLE_ARTIFACTS,
     DeltaSink,
     IcebergSink,
@@ -74,8 +73,7 @@ def table_ids(spark: SparkSession, settings: SinkSettings) -> Counter[str]:
     if settings.spark.output_format == "delta":
         rows = spark.read.format("delta").load(settings.spark.output_path).collect()
     else:
-        use_hadoop_catalog(spark, settings.spark.output_path)
-        rows = spark.table(ICEBERG_TABLE).collect()
+        rows = spark.table(use_hadoop_catalog(spark, settings.spark.output_path)).collect()
     return Counter(r.dedup_id for r in rows)
 
 
