@@ -237,6 +237,8 @@ class Quorum:
         the members that answer, and read their current slice's fill (the metric)."""
         await self.refresh_epochs()
         await asyncio.gather(*(self._drain(inst) for inst in self.members if inst.up))
+        await self.behind.note(self.behind.holding())  # a live run's notes never go stale
+        self.catch_up.start()  # a member behind: gateway/quorum/catchup.py
         for inst, fill in zip(self.members, await self.slice_fill(), strict=True):
             if fill is not None and fill[1]:
                 self.metrics.redis_marks_per_bucket.labels(inst.name).set(fill[0] / fill[1])
@@ -253,8 +255,6 @@ class Quorum:
             return None if got is None else (int(got[0]), int(got[1]))
 
         return list(await asyncio.gather(*(one(i) for i in self.members)))
-        await self.behind.note(self.behind.holding())  # a live run's notes never go stale
-        self.catch_up.start()  # a member behind: gateway/quorum/catchup.py
 
     async def _drain(self, inst: MemberLink) -> None:
         await self.fills.drain(inst)
