@@ -81,6 +81,10 @@ class AnsweringMembers:
     def counted(self) -> list[bool]:
         return [True, True, True]
 
+    async def settle(self, repairs: object, fills: object) -> bool:
+        """Every member answered alike: nothing to repair or fill (Quorum.settle)."""
+        return True
+
 
 def batches(records: int, batch_records: int) -> list[Batch]:
     """`records` raw records in batches of `batch_records`, spread over the partitions."""
