@@ -164,8 +164,11 @@ class Retries:
             if not self._ours(due):
                 continue
             try:
-                if await self._redo(due, self.fetcher):
-                    sent.append(due.command)
+                if await self._redo(due, self.fetcher):  # its copy is out
+                    if self.transactional:
+                        sent.append(due.command)  # noted done once the transaction commits
+                    else:
+                        await self.noted_done([due.command])
             except (RawFetchError, KafkaError) as exc:
                 if isinstance(exc, KafkaError) and not (
                     exc.retriable or isinstance(exc, KafkaTimeoutError)
@@ -197,9 +200,9 @@ class Retries:
         )  # fmt: skip
 
     async def _redo(self, due: _Due, fetcher: RawFetcher) -> bool:
-        """Forward the retry or the dead letter, then note it done (unless
-        `transactional`: True, the caller notes it); or count the command invalid when
-        the broker says its raw record is not there."""
+        """Forward the retry or the dead letter (True once the broker acknowledged it);
+        or count the command invalid when the broker says its raw record is not there
+        (False)."""
         cmd = due.command
         raw = await fetcher.fetch(cmd.topic, cmd.partition, cmd.offset)
         if not self._ours(due):
@@ -254,10 +257,7 @@ class Retries:
             await self._deliver(self.settings.clean_topic_of(raw.topic), raw, headers)
             self.metrics.retries.labels(str(attempt)).inc()
         faults.reached("retry-acked")
-        if self.transactional:
-            return True
-        await self.quorum.mark_done([mark_digest(cmd.id)], [cmd.ref])
-        return False
+        return True
 
     async def _deliver(self, topic: str, raw: Record, headers: list[tuple[str, bytes]]) -> None:
         for fut in await self.sink.send(topic, [clean_record(raw, headers)]):
