@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo localstack test lint typecheck format bench spark-pack chaos chaos-ci clean
+.PHONY: setup demo localstack test test-long lint typecheck format bench spark-pack chaos chaos-ci clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/setup-ops.sh scripts/setup-helm.sh \
 		scripts/jvm/kafka.pom.xml scripts/jvm/spark-kafka.pom.xml scripts/jvm/spark-table.pom.xml \
@@ -26,8 +26,15 @@ localstack: $(STAMP)  ## Apache Kafka on :9092 and redis-servers on :6379-6381 u
 # members' 300 ms test timeout and the Spark tests' waits were overrun (11 of 1,001
 # failed); 4 workers: 16.5 min there.
 PARALLEL ?= -n 4 --dist loadgroup
-test: $(STAMP) lint typecheck  ## what CI runs (.ci/run): lint, strict types, then the suite
-	$(PY) -m pytest $(PARALLEL) $(ARGS)
+# The runs that take minutes each (the seeded chaos schedules, the Spark standalone
+# cluster, the benchmark scripts at test size) have a target of their own; CI runs
+# `make test` and then `make test-long`. `pytest` alone runs both.
+LONG := chaos_schedule or spark_cluster or bench_run
+test: $(STAMP) lint typecheck  ## lint, strict types, then the suite but its long runs
+	$(PY) -m pytest $(PARALLEL) -m "not ($(LONG))" $(ARGS)
+
+test-long: $(STAMP)  ## the chaos schedules, the cluster run and the benchmarks, CI size
+	$(PY) -m pytest -n 3 --dist loadgroup -m "$(LONG)" $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -763,11 +763,11 @@ class Run:
                     incarnation = line.removeprefix("=== chaos: ")
                 if i < skip_to or "Traceback (most recent call last)" not in line:
                     continue
-                end = next((j for j in range(i + 1, len(lines)) if _ERROR_LINE.match(lines[j])), i)
-                match = _ERROR_LINE.match(lines[end])
-                error = match[1] if match else line.strip()
+                end, error = traceback_error(lines, i)
+                said = lines[i - 1].strip() if i > 0 else ""  # the log line that raised it
                 found.append(
                     f"g{gateway.index} ({incarnation}): {error} [{gateway.log.name}:{end + 1}]"
+                    f" after: {said[:300]}"
                 )
                 skip_to = end + 1  # the nested tracebacks of one group count once
         return found
@@ -815,6 +815,28 @@ _SKIPPED = re.compile(
     r"^(\S+ \S+) WARNING gateway\.failures(?:\.loop)? invalid failure command"
     r"(?: at (\S+))? skipped(?: \((\w+)\))?: (.*)$"
 )
+
+
+def traceback_error(lines: list[str], start: int) -> tuple[int, str]:
+    """The exception of the traceback beginning at lines[start] (it ends at the next
+    log record): its line index and text. For a chain, the last one raised (any
+    name: aiokafka's ProducerFenced too); for a group (its lines all indented), the
+    first exception in it."""
+    stop = next(
+        (j for j in range(start + 1, len(lines)) if _LOG_RECORD.match(lines[j])), len(lines)
+    )
+    block = range(start + 1, stop)
+    closing = [j for j in block if lines[j][:1].strip() and not lines[j].startswith(_NOT_THE_ERROR)]
+    if closing:
+        return closing[-1], lines[closing[-1]].strip()
+    for j in block:
+        if match := _ERROR_LINE.match(lines[j]):
+            return j, match[1]
+    return start, lines[start].strip()
+
+
+_NOT_THE_ERROR = ("Traceback", "During handling", "The above exception", "+", "|")
+_LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:")
 _ERROR_LINE = re.compile(r"^[\s|]*((?!ExceptionGroup)[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*)$")
 
 

@@ -180,7 +180,14 @@ class Retries:
         return sent
 
     async def noted_done(self, commands: list[Command]) -> None:
-        """Note in Redis that these commands' copies are out (see `transactional`)."""
+        """Note in Redis that these commands' copies are out (see `transactional`), and
+        count them: a copy of a transaction that aborts is not counted (its command is
+        redone)."""
+        for cmd in commands:
+            if cmd.attempt >= self.failures.max_attempts:
+                self.metrics.dead_lettered.inc()
+            else:
+                self.metrics.retries.labels(str(cmd.attempt + 1)).inc()
         if commands:
             await self.quorum.mark_done(
                 [mark_digest(c.id) for c in commands], [c.ref for c in commands]
@@ -235,7 +242,6 @@ class Retries:
                 ],
             )
             await self._deliver(self.settings.kafka.dead_letter_topic, raw, headers)
-            self.metrics.dead_lettered.inc()
             logger.warning(
                 "dead-lettered %s (%s) after %d attempts: %s",
                 cmd.readable_id,
@@ -255,7 +261,6 @@ class Retries:
                  (H_REASONS, reasons)],
             )  # fmt: skip
             await self._deliver(self.settings.clean_topic_of(raw.topic), raw, headers)
-            self.metrics.retries.labels(str(attempt)).inc()
         faults.reached("retry-acked")
         return True
 

@@ -132,7 +132,8 @@ async def check(settings: Settings, timeout_s: float = CHECK_TIMEOUT_S) -> list[
         *(_check_member(url, settings, timeout_s, run_ids) for url in settings.redis.nodes)
     )
     findings = [f for found in members for f in found]
-    for names in shared(run_ids):
+    in_config_order = {name: run_ids.get(name) for name in map(member_name, settings.redis.nodes)}
+    for names in shared(in_config_order):  # the members answer in any order
         findings.append(error("redis", describe([names]).removeprefix("redis.nodes: ")))
     reached = sum(1 for found in members if all(f.severity < Severity.ERROR for f in found))
     if reached < settings.quorum:

@@ -22,6 +22,9 @@ GATEWAY_SIDE = [v.name for v in VARIANTS if not v.opt_in and v.kind != "spark"]
 SPARK_SIDE = [v.name for v in VARIANTS if not v.opt_in and v.kind == "spark"]
 
 
+pytestmark = pytest.mark.bench_run
+
+
 def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.delay import CLOSE_GRACES, measure
 from devtools.localstack import LocalStack
+
+pytestmark = pytest.mark.bench_run
 
 
 async def test_a_small_delay_run_releases_every_id_once_and_reports_every_rate(

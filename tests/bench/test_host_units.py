@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import host_units
 from gateway.quorum.scripts import SLICES_BACK
+
+pytestmark = pytest.mark.bench_run
 
 
 def test_a_small_run_reports_redis_cpu_per_new_id_in_set_nx_units(tmp_path: Path) -> None:

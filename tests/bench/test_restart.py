@@ -10,6 +10,8 @@ import pytest
 from bench import restart
 from devtools.localstack import LocalStack
 
+pytestmark = pytest.mark.bench_run
+
 
 async def test_a_kill_and_restart_per_mode_reports_its_partitions_and_loses_no_record(
     tmp_path: Path,

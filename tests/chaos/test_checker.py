@@ -10,7 +10,7 @@ import pytest
 
 from devtools.chaos import Fault, Observations, Step, check, make_schedule
 from devtools.chaos.checker import QuarantineCopy, SkippedCommand
-from devtools.chaos.runner import _SKIPPED
+from devtools.chaos.runner import _SKIPPED, traceback_error
 from devtools.chaos.schedule import DELAY_FAULTS, GRACE_MS, KINDS, ONCE_PER_RUN, RunConfig
 from devtools.chaos.standin import DeadLetter, Delivery, fate
 from devtools.chaos.timeline import StepRun
@@ -371,3 +371,34 @@ def test_forced_gateways_and_rate_keep_the_other_draws_and_are_in_the_reproduce_
         for s in forced.steps
         if s.fault.value.startswith("gateway")
     )
+
+
+def test_a_traceback_is_named_by_its_last_exception_whatever_its_name():
+    log = [
+        "2026-11-28 07:50:52,100 ERROR aiokafka.producer.sender: Unexpected error",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in f',
+        "KeyError: 'a'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "y.py", line 2, in g',
+        "aiokafka.errors.ProducerFenced: There is a newer producer",
+        "2026-11-28 07:50:53,000 INFO gateway: next record",
+        "ValueError: in a later record's text, not this traceback's",
+    ]
+    assert traceback_error(log, 1) == (
+        9,
+        "aiokafka.errors.ProducerFenced: There is a newer producer",
+    )
+    group = [
+        "  + Exception Group Traceback (most recent call last):",
+        '  |   File "z.py", line 3, in h',
+        "  | ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)",
+        "  +-+---------------- 1 ----------------",
+        "    | Traceback (most recent call last):",
+        "    | RuntimeError: boom",
+        "    +------------------------------------",
+    ]
+    assert traceback_error(group, 0) == (5, "RuntimeError: boom")

@@ -1,5 +1,5 @@
-"""CI runs the README's own test command: `.ci/run` and the README's first screen
-cannot drift apart."""
+"""CI runs the README's own test command, then `make test-long`: `.ci/run` and the
+README cannot drift apart."""
 
 from __future__ import annotations
 
@@ -20,4 +20,6 @@ def test_ci_runs_the_readme_test_command_as_written() -> None:
     assert test_command == "make test", "the README's test command is a line of its own"
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     commands = [line for line in ci if line and not line.startswith(("#", "set ", "cd "))]
-    assert commands == [test_command]
+    assert commands == [test_command, "make test-long"]
+    # The long runs are documented beside it, as a command a user can run.
+    assert "make test-long" in (REPO / "README.md").read_text()

@@ -4,6 +4,7 @@ Spark's Kafka connector). Every id ends in the output exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from devtools.handlers import failing_ids
 from devtools.harness import (
     Topics,
+    clean_ids,
     counter_value,
     eventually,
     make_settings,
@@ -50,6 +52,9 @@ async def test_failed_ids_are_retried_by_the_gateway_and_each_id_is_output_once(
             assert report.source == "kafka"
             assert report.failed == report.releases_published == len(chosen)
             await eventually(lambda a=attempt: counter_value(m.retries, str(a + 1)) == len(chosen))
+            # Committed is not yet readable: Spark's read_committed end offset (the last
+            # stable offset) moves once the broker wrote the commit markers.
+            await readable(broker, topics.clean, chosen, copies=attempt + 1)
         final = run_until_idle(sink_settings, spark=spark, handler=handler)
         assert final.failed == 0 and final.written == len(chosen)
 
@@ -60,3 +65,13 @@ async def test_failed_ids_are_retried_by_the_gateway_and_each_id_is_output_once(
     assert {r.dedup_id: r.dedup_attempt for r in output if r.dedup_id in chosen} == dict.fromkeys(
         chosen, 3
     )
+
+
+async def readable(broker: str, topic: str, ids: list[str], copies: int) -> None:
+    """Wait until a read_committed reader sees `copies` copies of each id."""
+    for _ in range(100):
+        seen = await clean_ids(broker, topic)
+        if all(seen[i] == copies for i in ids):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{copies} copies of {ids} not readable: {[seen[i] for i in ids]}")
