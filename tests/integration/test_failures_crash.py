@@ -16,6 +16,7 @@ from pathlib import Path
 from aiokafka import ConsumerRecord
 
 from devtools.harness import (
+    RawTuple,
     Topics,
     failure_command,
     make_settings,
@@ -29,6 +30,16 @@ from devtools.traffic import produce_traffic
 
 IDS = 400
 KILLS = 3
+COMMANDS_AT_ONCE = 10
+FEED_S = 12.0  # longer than KILLS restarts of the gateway process
+
+
+async def feed(broker: str, topic: str, commands: list[RawTuple]) -> None:
+    """The commands as Spark sends them, a few at a time over about 12 s: a read back
+    takes milliseconds, so all at once the retries were over before the first kill."""
+    for start in range(0, len(commands), COMMANDS_AT_ONCE):
+        await produce(broker, topic, commands[start : start + COMMANDS_AT_ONCE])
+        await asyncio.sleep(FEED_S * COMMANDS_AT_ONCE / len(commands))
 
 
 def retried(records: list[ConsumerRecord[bytes, bytes]]) -> Counter[bytes]:
@@ -52,7 +63,8 @@ async def test_kill_during_commands_loses_no_retry(broker, redis_servers, names,
     try:
         await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
         clean = await read_topic(broker, topics.clean, min_records=IDS)
-        await produce(broker, topics.failures, [failure_command(r, "boom") for r in clean])
+        commands = [failure_command(r, "boom") for r in clean]
+        feeding = asyncio.create_task(feed(broker, topics.failures, commands))
         rng = random.Random(3)
         seen = IDS
         for _ in range(KILLS):
@@ -63,6 +75,7 @@ async def test_kill_during_commands_loses_no_retry(broker, redis_servers, names,
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             proc = start_process(config, log)
+        await feeding
         retries = await read_topic(broker, topics.clean, min_records=2 * IDS, timeout_s=120)
         # A retry repeated by a kill counts towards 2 * IDS: read on until every id's
         # retry came (it did not, ending here: the last one was taken for lost).
