@@ -362,8 +362,8 @@ def _repeats(obs: Observations) -> Iterator[Violation]:
     on and the stand-in reads `read_committed`: a record the raw path forwarded
     straight to the clean topic is never delivered again. What may repeat stays
     within the crash window, max_batch_records per raw partition per event: retries
-    (in transactions too, but two copies of one command both act while a member is
-    not counted: docs/failures.md) and records that went through the delay
+    (in transactions too: two copies of one command both act when one got no answer
+    from a member the other moved, docs/failures.md) and records that went through the delay
     tiers (a move ahead of an earlier record still waiting in its tier partition is
     committed with that partition's offset behind it, and moved again after a
     restart; with coalescing switched off, a window's emitted version too)."""

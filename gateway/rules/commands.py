@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gateway.contract.commands import Command
 from gateway.contract.replies import (
     EFFECT_DONE,
+    HANDED_OVER_BY_A_LATER_COPY,
     HANDED_OVER_BY_ANOTHER_COPY,
     HELD_BY_LATER_ATTEMPT,
     MOVED,
@@ -45,20 +46,25 @@ def handover_decision(answers: Sequence[int], majority: int) -> str:
     recovering that tie would hold the command partition forever (chaos seed 1).
     `HELD_BY_LATER_ATTEMPT` settles it too: a later command acted, so this one had.
     When the members that hold the next attempt now are a majority only with those
-    another copy of the command moved (`HANDED_OVER_BY_ANOTHER_COPY`), this copy acts
-    as well: at worst the retry goes out twice under one token, which the Spark job
-    drops (`dedup-token`); waiting would hold the partition until that third member
-    is counted again."""
+    another copy of the command moved (two copies each took one of two counted
+    members), the copy whose command ref sorts first acts and the other skips: both
+    see the same two refs (`HANDED_OVER_BY_ANOTHER_COPY`: the other's sorts first,
+    `HANDED_OVER_BY_A_LATER_COPY`: it sorts after). Both acting sent the retry twice
+    under one token (chaos seed 20001: 10 repeats); waiting would hold the partition
+    until the third member is counted again. If the gateway of the one that acts
+    crashes first, it acts when its command is replayed (its own moves then answer
+    `HANDED_OVER_BEFORE`)."""
     if EFFECT_DONE in answers or HELD_BY_LATER_ATTEMPT in answers:
         return "skip"
     mine = sum(1 for a in answers if a in MOVED)
-    theirs = answers.count(HANDED_OVER_BY_ANOTHER_COPY)
+    first = answers.count(HANDED_OVER_BY_ANOTHER_COPY)
+    theirs = first + answers.count(HANDED_OVER_BY_A_LATER_COPY)
     if mine >= majority:
         return "act"
     if theirs >= majority:
         return "skip"
     if mine + theirs >= majority:
-        return "act"
+        return "skip" if first else "act"
     if len(answers) - mine >= majority:
         return "skip"
     return "wait"

@@ -169,9 +169,12 @@ async def test_a_handover_moves_the_mark_and_a_second_copy_of_the_command_does_n
 
     assert await quorum.handover(command("failures/0/5")) == [[1]]
     assert await quorum.handover(command("failures/0/5")) == [[2]]  # crash replay
-    assert await quorum.handover(command("failures/1/9")) == [[3]]  # another copy
+    assert await quorum.handover(command("failures/1/9")) == [[3]]  # another copy, after it
+    assert await quorum.handover(command("failures/0/1")) == [[6]]  # one whose ref sorts first
     await quorum.mark_done([mark], ["failures/0/5"])
     assert await quorum.handover(command("failures/0/5")) == [[4]]
+    assert await quorum.handover(command("failures/1/9")) == [[3]]
+    assert await quorum.handover(command("failures/0/1")) == [[6]]
     assert await quorum.handover(command("failures/0/6", "77", "78")) == [[0]]  # stale
     assert await quorum.claim([mark], ["5"]) == [["2"]]
 

@@ -20,11 +20,18 @@ from gateway.rules.commands import handover_decision, handover_of, release_decis
         ([0, 0], 2, "skip"),  # stale
         ([2, 4], 2, "skip"),  # done on one member: its note is written after the ack
         ([2, 2, 4], 2, "skip"),
-        # Moved on a majority only with another copy's members: act too (a retry
-        # twice under one token at worst) rather than wait for the third member.
-        ([1, 3], 2, "act"),
-        ([3, 2], 2, "act"),
+        ([6, 6, 1], 2, "skip"),  # a later copy took a majority
+        # Moved on a majority only with another copy's members: the copy whose ref
+        # sorts first acts, rather than both (a retry twice under one token) or
+        # neither until the third member is counted again.
+        ([1, 6], 2, "act"),
+        ([6, 2], 2, "act"),
+        ([1, 3], 2, "skip"),
+        ([3, 2], 2, "skip"),
+        ([1, 6, 3], 2, "skip"),
+        ([1, 1, 6, 6, 0], 3, "act"),
         ([0, 3], 2, "skip"),
+        ([0, 6], 2, "skip"),
         ([1, 5], 2, "skip"),  # a later attempt holds it: a later command acted
         ([2, 2, 5], 2, "skip"),
         ([1, 0], 2, "wait"),  # one each way, no third answer counted

@@ -18,8 +18,11 @@
 -- token followed by a comma); per mark.
 -- Reply per mark (named in gateway/contract/replies.py): 1 handed over now, 2 handed over
 -- by this same command before but its effect not yet done (a replay: redo it),
--- 3 handed over by another copy of the command, 4 this command's effect is
--- done, 5 held by a later attempt, 0 held by another owner. Or 'epoch:<epoch held>'.
+-- 3 handed over by another copy of the command whose ref sorts before this one's,
+-- 6 by one whose ref sorts after it (or whose note is gone), 4 this command's effect
+-- is done, 5 held by a later attempt, 0 held by another owner. Or 'epoch:<epoch
+-- held>'. 3 and 6 let two copies that each moved some members agree on the one
+-- that acts (gateway/rules/commands.py).
 
 local epoch_id, digests = ARGV[5], ARGV[6]
 local marks = #KEYS - 1  -- KEYS[2..]: each mark's handover key
@@ -38,7 +41,14 @@ for i = 1, marks do
   local bucket, held = find(slices, digest, h, 1)
   if held == nxt then
     local last = redis.call('GET', by)
-    if last == ref then out[i] = 2 elseif last == ref .. '!done' then out[i] = 4 else out[i] = 3 end
+    if last == ref then
+      out[i] = 2
+    elseif last == ref .. '!done' then
+      out[i] = 4
+    else
+      local other = last and string.gsub(last, '!done$', '')
+      if other and other < ref then out[i] = 3 else out[i] = 6 end
+    end
   elseif held and string.find(',' .. later, ',' .. held .. ',', 1, true) then
     out[i] = 5
   elseif held == failed or held == false or released(held)
