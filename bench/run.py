@@ -55,7 +55,7 @@ from bench.measure import (
     throughput,
 )
 from bench.steady import SIZING_FILL
-from bench.variants import CLUSTER_MASTERS, FORWARDER, SPARK_INPUT, VARIANTS, Variant
+from bench.variants import CLUSTER_MASTERS, FORWARDER, VARIANTS, Variant
 from devtools.localstack import LocalStack, default_state_dir
 from devtools.topics import create_topics
 from devtools.traffic import produce_traffic
@@ -128,7 +128,8 @@ async def bench(opts: Options) -> report.Results:
             + (_rotated(sparks, round_no) if share == spark_share else [])
         ]
         spark_bench = _spark_bench(stack) if sparks else None
-        spark_rows = 0  # what gateway-3's clean topic of this round holds now
+        read = {v.reads for v in sparks}  # the gateway variants whose clean topics they read
+        spark_rows: dict[str, int] = {}  # what each such clean topic of this round holds now
         with _progress() as progress:
             overall = progress.add_task("all runs", total=len(plan))
             for round_no, share, variant in plan:
@@ -141,19 +142,21 @@ async def bench(opts: Options) -> report.Results:
 
                 if variant.kind == "spark":
                     assert spark_bench is not None
-                    run = await _spark_run(spark_bench, stack, variant, share, round_no, spark_rows)
-                    spark_rows += 1  # the record of its one-record batch
-                    if variant == _rotated(sparks, round_no)[-1]:  # the round's last reader
+                    rows = spark_rows[variant.reads]
+                    run = await _spark_run(spark_bench, stack, variant, share, round_no, rows)
+                    spark_rows[variant.reads] += 1  # the record of its one-record batch
+                    readers = [v for v in _rotated(sparks, round_no) if v.reads == variant.reads]
+                    if variant == readers[-1]:  # the round's last reader of that topic
                         await delete_topics(
-                            stack.bootstrap, [clean_topic(SPARK_INPUT, share, round_no)]
+                            stack.bootstrap, [clean_topic(variant.reads, share, round_no)]
                         )
                 else:
-                    keep = bool(sparks) and variant.name == SPARK_INPUT and share == spark_share
+                    keep = variant.name in read and share == spark_share
                     run = await throughput(
                         stack, variant, raw, round_no, show, keep_clean=keep, fill=opts.fill
                     )
                     if keep:
-                        spark_rows = run.forwarded
+                        spark_rows[variant.name] = run.forwarded
                 progress.remove_task(current)
                 progress.advance(overall)
                 runs.append(run)
@@ -217,11 +220,12 @@ async def _spark_run(
     bench: SparkBench, stack: LocalStack, variant: Variant, share: float, round_no: int,
     rows: int,
 ) -> ThroughputRun:  # fmt: skip
-    """A spark variant on the clean topic gateway-3 wrote in this round (`rows` in it)."""
+    """A spark variant on the clean topic its gateway variant wrote in this round (`rows`
+    in it)."""
     from bench.spark import measure
 
     assert stack.broker is not None and stack.broker.proc is not None
-    topic = clean_topic(SPARK_INPUT, share, round_no)
+    topic = clean_topic(variant.reads, share, round_no)
     return await asyncio.to_thread(
         measure, bench, variant.name, topic, share, round_no, rows, stack.broker.proc.pid
     )
@@ -291,8 +295,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
         parser.error("--fill: marks per bucket, 0 or more")
     if any(not 0 <= s < 1 for s in args.shares):
         parser.error("--shares: each share must be in [0, 1)")
-    if any(n.startswith("spark-") for n in args.variants) and SPARK_INPUT not in args.variants:
-        parser.error(f"--variants: the spark variants read the clean topic {SPARK_INPUT} writes")
+    for v in VARIANTS:
+        if v.kind == "spark" and v.name in args.variants and v.reads not in args.variants:
+            parser.error(f"--variants: {v.name} reads the clean topic {v.reads} writes: name it")
     return Options(**vars(args))
 
 

@@ -6,6 +6,8 @@
   orders, so nothing fails and every row is written;
 - `spark-job-passthrough` (opt-in): the same job with `passthrough` below, a
   handler that adds a null reason: what the example handler's parsing costs;
+- `spark-job-eos`: the same job without the delivery dedup, on gateway-3-eos's
+  transactional clean topic (what `[spark] delivery_dedup = "auto"` runs there);
 - `spark-floor`: a bare Structured Streaming query over the same source and
   options (`spark_sink.job.read_clean_topic`) into the `noop` sink: what
   Spark and the source cost before the job does anything.
@@ -53,6 +55,7 @@ from spark_sink.sink import BatchSink
 from spark_sink.transforms import REASON
 
 JOB, JOB_PASSTHROUGH, FLOOR = "spark-job", "spark-job-passthrough", "spark-floor"
+JOB_EOS = "spark-job-eos"  # the job without its delivery dedup
 # Unmeasured runs of each variant before its first measured one (the JIT's warm-up).
 WARMUP_RUNS = 2
 EXAMPLE_HANDLER = "spark_sink.handlers:orders"
@@ -172,7 +175,9 @@ class SparkBench:
             return _data_batches(query), None
         sink = make_sink(settings, passthrough if variant == JOB_PASSTHROUGH else None)
         try:
-            query = start_query(spark, settings, sink, available_now=True)
+            query = start_query(
+                spark, settings, sink, available_now=True, delivery_dedup=variant != JOB_EOS
+            )
             query.awaitTermination()
         finally:
             sink.close()

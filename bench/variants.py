@@ -35,7 +35,10 @@
   supervisor's /metrics: how the gateway scales over cores;
 - `spark-job`, `spark-floor` (and the opt-in `spark-job-passthrough`): the
   Spark half on the clean topic gateway-3 wrote in the same round, at the
-  targets' duplicate share (bench/spark.py).
+  targets' duplicate share (bench/spark.py); the job with its delivery dedup, as
+  `[spark] delivery_dedup = "auto"` runs it on an at-least-once clean topic;
+- `spark-job-eos`: the job on the clean topic gateway-3-eos wrote (transactional,
+  read `read_committed`), without the delivery dedup, as "auto" runs it there.
 
 All but gateway-3xN and the spark variants run in the benchmark's own process
 (same event loop, same measuring overhead), so their ratios compare like with like.
@@ -73,6 +76,8 @@ class Variant:
     opt_in: bool = False  # run only when named in --variants
     fresh: bool = False  # members not filled first, default `[redis] buckets` (bench/steady.py)
     exactly_once: bool = False  # `[kafka] exactly_once` "on", else "off" (at-least-once)
+    reads: str = "gateway-3"  # a spark variant: the gateway variant whose clean topic it reads
+    delivery_dedup: bool = True  # a spark job variant: with the job's delivery dedup
 
     @property
     def fixed_load(self) -> bool:
@@ -105,9 +110,15 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("spark-job", redis=0, dedup=False, kind="spark"),
     Variant("spark-floor", redis=0, dedup=False, kind="spark"),
     Variant("spark-job-passthrough", redis=0, dedup=False, kind="spark", opt_in=True),
+    Variant(
+        "spark-job-eos",
+        redis=0,
+        dedup=False,
+        kind="spark",
+        reads="gateway-3-eos",
+        delivery_dedup=False,
+    ),
 )
-# The gateway variant whose clean topic the spark variants read.
-SPARK_INPUT = "gateway-3"
 
 
 class Counts(Protocol):

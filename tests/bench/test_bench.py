@@ -137,31 +137,33 @@ def test_a_small_run_of_every_variant_counts_exactly_the_generated_duplicates(
 def test_the_spark_variants_read_gateway_3s_clean_topic_of_the_round_and_write_each_row_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each spark variant read every row gateway-3 wrote in its round (and the record of
-    the one-record batch before it); the job wrote each once and failed none."""
+    """Each spark variant read every row its gateway variant wrote in its round (gateway-3;
+    spark-job-eos: gateway-3-eos) and the record of the one-record batch before it; the
+    job wrote each once and failed none."""
     monkeypatch.setenv("DEDUP_STATE_DIR", str(tmp_path / "state"))
     code = run.main([
         "--records", "2000", "--shares", "0.2", "--rounds", "1", "--latency-seconds", "0",
         "--delay-records", "0", "--out", str(tmp_path / "out"),
         "--results-md", str(tmp_path / "RESULTS.md"),
-        "--variants", "gateway-3", *SPARK_SIDE,
+        "--variants", "gateway-3", "gateway-3-eos", *SPARK_SIDE,
     ])  # fmt: skip
     assert code == 0
     written = json.loads((tmp_path / "out" / "results.json").read_text())
     text = (tmp_path / "RESULTS.md").read_text()
-    (gateway,) = [r for r in written["runs"] if r["variant"] == "gateway-3"]
+    gateways = {r["variant"]: r for r in written["runs"] if r["variant"].startswith("gateway-")}
     spark = {r["variant"]: r for r in written["runs"] if r["variant"].startswith("spark-")}
-    assert set(spark) == set(SPARK_SIDE) == {"spark-job", "spark-floor"}
+    assert set(spark) == set(SPARK_SIDE) == {"spark-job", "spark-floor", "spark-job-eos"}
     for r in spark.values():
         assert r["correct"] and r["forwarded"] == r["records"] == r["expected_forwarded"], r
-        assert gateway["forwarded"] <= r["records"] <= gateway["forwarded"] + 1, r
+        read = gateways["gateway-3-eos" if r["variant"] == "spark-job-eos" else "gateway-3"]
+        assert read["forwarded"] <= r["records"] <= read["forwarded"] + 1, r
         assert r["spark"]["jvm_cpu_s"] > 0 and r["spark"]["workers_cpu_s"] > 0, r
         assert r["spark"]["batch_fixed_s"] > 0 and r["spark"]["batches"] >= 1, r
         assert r["spark"]["phases_ms"]["addBatch"] > 0, r
     assert spark["spark-job"]["spark"]["failed"] == 0  # valid orders: nothing released
     targets = {t["target"]: t for t in written["targets"]}
     for name in ("spark-job / spark-floor", "spark-floor / gateway-3", "spark-job / gateway-3",
-                 "Spark fixed cost per micro-batch, s"):  # fmt: skip
+                 "spark-job-eos / gateway-3", "Spark fixed cost per micro-batch, s"):  # fmt: skip
         assert targets[name]["measured"] > 0, name
     (job,) = [s for s in written["spark"] if s["variant"] == "spark-job"]
     assert job["cpu_us_per_row"] == pytest.approx(
