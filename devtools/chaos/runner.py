@@ -185,6 +185,7 @@ class Run:
             await asyncio.to_thread(self._teardown)
         observations.tracebacks = self._tracebacks()
         observations.skipped_commands = self._skipped_commands()
+        self._note_repeats(observations)
         violations = check(observations)
         failing = [v for v in violations if not v.tolerated]
         logs = {g.log.name: g.log.read_text(errors="replace") for g in self.gateways
@@ -747,6 +748,19 @@ class Run:
                 wall = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
                 found.append(SkippedCommand(self.clock.of_wall(wall), gateway.index, ref, detail))
         return found
+
+    def _note_repeats(self, observations: Observations) -> None:
+        """Every repeated delivery (a token read before), one line each, into
+        repeats.txt of the run's directory (kept with --keep): the id, its token and
+        attempt, where it came from and when, and the fault steps around it."""
+        lines = [
+            f"t={d.at:.1f}s id {d.message_id!r} token {d.token} attempt {d.attempt} raw "
+            f"{d.source[0]}/{d.source[1]} clean {d.clean[0]}/{d.clean[1]} "
+            f"{step_context(observations.step_runs, d.at)}"
+            for d in observations.deliveries
+            if d.outcome == "repeat"
+        ]
+        (self.workdir / "repeats.txt").write_text("".join(f"{line}\n" for line in lines))
 
     def _tracebacks(self) -> list[str]:
         """One line per traceback in the gateways' logs (exception groups included):
