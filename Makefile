@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/setup-ops.sh scripts/setup-helm.sh \
 		scripts/jvm/kafka.pom.xml scripts/jvm/spark-kafka.pom.xml scripts/jvm/spark-table.pom.xml \
-		devtools/jars.py
+		devtools/jars.py gateway/quorum/native/dd_claim.c
 	bash scripts/setup.sh $(VENV)
 	touch $(STAMP)
 

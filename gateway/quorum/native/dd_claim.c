@@ -1,0 +1,870 @@
+/*
+ * The native claim: a Redis module command, DD.CLAIM, that does what the Lua
+ * claim script does (gateway/quorum/lua/claim.lua and prelude.lua), with the
+ * same arguments and the same reply, for members where an operator can load
+ * modules (`[redis] claim`, docs/operations.md). The Lua script stays the
+ * portable default; tests/integration/test_native_claim.py runs both on the same
+ * claims and compares replies and key contents.
+ *
+ *   DD.CLAIM <meta> <prefix> <ttl ms> <slice ms> <buckets> <epoch id> <digest length>
+ *            <digests, concatenated> <owner tokens, each followed by ','>
+ *
+ * is `EVALSHA <claim> 1 <meta> <prefix> ...`: KEYS[1] is the first argument,
+ * ARGV[1..8] the rest. Every comment below names the Lua function it mirrors;
+ * read those for the why. What differs is how, not what:
+ *
+ * - the per-id work (HSETNX, the older slices' HGET, the tombstone's HSET or
+ *   HDEL, PTTL / PEXPIREAT and the ledger's SETBIT) uses the keyspace API: no
+ *   command dispatch, no argument objects. The rare per-call work (the slice
+ *   meta's writes, a bucket split) goes through RedisModule_Call, as Lua does;
+ * - the expiry ledger is read in place (one bit per bucket touched), not copied
+ *   whole per call;
+ * - effects are replicated as the commands Lua would have run (HSET, HDEL,
+ *   PEXPIREAT, SETBIT), never the call itself (it reads the member's clock),
+ *   and only when the server propagates at all (AOF on, or a replication
+ *   backlog): a server with neither would drop them anyway.
+ *
+ * The constants are the ones gateway/quorum/scripts.py puts into the prelude; the
+ * module's version (DD_CLAIM_VERSION) is what the gateway checks in MODULE LIST
+ * (gateway/quorum/native/__init__.py): a change to the claim's semantics must
+ * change both, or the gateway uses the Lua script.
+ *
+ * Build: gcc -O2 -shared -fPIC -o dd_claim.so dd_claim.c (the project's
+ * `make setup` does, into ~/.cache/dedup-gateway/redis-module/). Load:
+ * `loadmodule /path/dd_claim.so` in redis.conf, or `redis-server --loadmodule`.
+ */
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redismodule.h"
+
+#ifndef SLICES_BACK
+#define SLICES_BACK 1
+#endif
+#ifndef EXPIRY_SLACK_MS
+#define EXPIRY_SLACK_MS 1000
+#endif
+#ifndef BUCKET_FILL
+#define BUCKET_FILL 32
+#endif
+#ifndef MAX_SPLITS
+#define MAX_SPLITS 32
+#endif
+#ifndef MAX_BUCKETS
+#define MAX_BUCKETS (1LL << 24)
+#endif
+
+#define DD_CLAIM_VERSION 1
+#define NAME_MAX_LEN 128 /* prefix (<= 32 + a cluster hash tag) and a slice's key */
+
+/* Buckets whose expiry was read (the Lua claim's PTTL calls): INFO dedup. */
+static long long expiry_reads = 0;
+
+typedef struct {
+    char name[NAME_MAX_LEN]; /* '<prefix>m:<id>:' */
+    size_t name_len;
+    long long n;  /* buckets now */
+    long long id;
+    long long m;  /* modulus: largest base * 2^k <= n */
+} Slice;
+
+typedef struct {
+    RedisModuleCtx *ctx;
+    RedisModuleString *meta;
+    const char *prefix;
+    size_t prefix_len;
+    long long ttl, slice_ms, buckets;
+    int propagate; /* whether writes are replicated (AOF, replicas) */
+} Call;
+
+typedef struct {
+    RedisModuleKey *key;   /* the ledger, open for the claim loop */
+    RedisModuleString *name;
+    long long at;
+    int empty_at_start;    /* Lua: ledger.bits == '' */
+    int timed;
+    /* `done`: the bucket indexes this call checked, an open-addressing set */
+    long long *done;
+    size_t done_cap;
+} Ledger;
+
+typedef struct {
+    int mine;                  /* reply 1 */
+    RedisModuleString *value;  /* else: this bulk string (owned) */
+} Reply;
+
+/* -- small helpers ------------------------------------------------------- */
+
+/* Lua's tonumber() on what the scripts write there (integers); 0 when absent
+ * or not one (the caller's `or` default). */
+static int to_ll(RedisModuleString *s, long long *out) {
+    if (s == NULL) return 0;
+    return RedisModule_StringToLongLong(s, out) == REDISMODULE_OK;
+}
+
+static RedisModuleString *fmt_str(RedisModuleCtx *ctx, const char *fmt, ...) {
+    char buf[NAME_MAX_LEN * 2];
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (len < 0) len = 0;
+    if ((size_t)len >= sizeof buf) len = sizeof buf - 1;
+    return RedisModule_CreateString(ctx, buf, (size_t)len);
+}
+
+/* A field of the slice meta (HGET), or NULL. */
+static RedisModuleString *meta_get(RedisModuleKey *meta, const char *field) {
+    RedisModuleString *value = NULL;
+    if (RedisModule_KeyType(meta) != REDISMODULE_KEYTYPE_HASH) return NULL;
+    RedisModule_HashGet(meta, REDISMODULE_HASH_CFIELDS, field, &value, NULL);
+    return value;
+}
+
+static int meta_get_ll(RedisModuleKey *meta, const char *field, long long *out) {
+    RedisModuleString *value = meta_get(meta, field);
+    int ok = to_ll(value, out);
+    if (value) RedisModule_FreeString(NULL, value);
+    return ok;
+}
+
+static int wrong_type(RedisModuleKey *key, int want) {
+    int type = RedisModule_KeyType(key);
+    return type != REDISMODULE_KEYTYPE_EMPTY && type != want;
+}
+
+/* RedisModule_Call with replication; NULL (and `*err` set) on an error reply. */
+static RedisModuleCallReply *call_checked(RedisModuleCtx *ctx, const char **err,
+                                          RedisModuleCallReply *reply) {
+    if (reply == NULL) {
+        *err = "ERR dd.claim: a command it runs failed";
+        return NULL;
+    }
+    if (RedisModule_CallReplyType(reply) == REDISMODULE_REPLY_ERROR) {
+        *err = "ERR dd.claim: a command it runs returned an error";
+        RedisModule_FreeCallReply(reply);
+        return NULL;
+    }
+    (void)ctx;
+    return reply;
+}
+
+/* -- prelude.lua ---------------------------------------------------------- */
+
+/* older_of: the older slices named by `live` ('<id>:<older>,...') when it is
+ * slice `id`'s; else the SLICES_BACK before `id`. */
+static size_t older_of(long long id, RedisModuleString *live, long long **out) {
+    size_t len = 0, count = 0;
+    const char *s = live ? RedisModule_StringPtrLen(live, &len) : NULL;
+    if (s) {
+        const char *colon = memchr(s, ':', len);
+        if (colon) {
+            char head[32];
+            size_t hl = (size_t)(colon - s);
+            char *end = NULL;
+            if (hl > 0 && hl < sizeof head) {
+                memcpy(head, s, hl);
+                head[hl] = 0;
+                long long first = strtoll(head, &end, 10);
+                if (end == head + hl && first == id) {
+                    /* gmatch('(%d+),'): every maximal digit run followed by ',' */
+                    long long *list = RedisModule_Alloc(sizeof(long long) * (len / 2 + 1));
+                    const char *p = colon + 1, *stop = s + len;
+                    while (p < stop) {
+                        if (*p >= '0' && *p <= '9') {
+                            const char *q = p;
+                            long long v = 0;
+                            while (q < stop && *q >= '0' && *q <= '9') v = v * 10 + (*q++ - '0');
+                            if (q < stop && *q == ',') list[count++] = v;
+                            p = q;
+                        } else {
+                            p++;
+                        }
+                    }
+                    *out = list;
+                    return count;
+                }
+            }
+        }
+    }
+    long long *list = RedisModule_Alloc(sizeof(long long) * SLICES_BACK);
+    for (int k = 1; k <= SLICES_BACK; k++) list[count++] = id - k;
+    *out = list;
+    return count;
+}
+
+/* slice_entry */
+static void slice_entry(Call *c, Slice *slice, long long id, long long base, int has_n, long long n) {
+    if (!has_n) n = base;
+    long long m = base < 1 ? 1 : base;
+    while (m * 2 <= n) m *= 2;
+    int len = snprintf(slice->name, sizeof slice->name, "%.*sm:%lld:", (int)c->prefix_len,
+                       c->prefix, id);
+    slice->name_len = (size_t)len < sizeof slice->name ? (size_t)len : sizeof slice->name - 1;
+    slice->n = n;
+    slice->id = id;
+    slice->m = m;
+}
+
+/* slices_from: slice `id` and its `older` ones down to `first`. */
+static size_t slices_from(Call *c, RedisModuleKey *meta, long long id, long long *older,
+                          size_t n_older, Slice *out) {
+    char field[64];
+    long long first = 1, base, n;
+    meta_get_ll(meta, "first", &first);
+    if (id < first) return 0;
+    snprintf(field, sizeof field, "buckets:%lld", id);
+    if (!meta_get_ll(meta, field, &base)) base = c->buckets;
+    snprintf(field, sizeof field, "grown:%lld", id);
+    int has_n = meta_get_ll(meta, field, &n);
+    slice_entry(c, &out[0], id, base, has_n, n);
+    size_t count = 1;
+    for (size_t k = 0; k < n_older; k++) {
+        if (older[k] < first) break;
+        snprintf(field, sizeof field, "buckets:%lld", older[k]);
+        if (!meta_get_ll(meta, field, &base)) base = c->buckets;
+        snprintf(field, sizeof field, "grown:%lld", older[k]);
+        has_n = meta_get_ll(meta, field, &n);
+        slice_entry(c, &out[count++], older[k], base, has_n, n);
+    }
+    return count;
+}
+
+/* still_live: `id` and those of `older` whose buckets still live; HDEL the rest's
+ * fields. Writes the kept ones into `keep`, returns their count. */
+static size_t still_live(Call *c, long long id, long long *older, size_t n_older,
+                         long long now, long long *keep, const char **err) {
+    RedisModuleKey *meta = RedisModule_OpenKey(c->ctx, c->meta, REDISMODULE_READ);
+    size_t n_keep = 0, n_gone = 0;
+    RedisModuleString **gone = RedisModule_Alloc(sizeof(*gone) * 4 * (n_older + 1));
+    static const char *fields[] = {"buckets:", "expires:", "grown:", "marks:"};
+    char field[64];
+    for (size_t k = 0; k <= n_older; k++) {
+        long long s = k == 0 ? id : older[k - 1], expires;
+        snprintf(field, sizeof field, "expires:%lld", s);
+        int has = meta_get_ll(meta, field, &expires);
+        if ((has && expires > now) || (!has && s > id - SLICES_BACK)) {
+            keep[n_keep++] = s;
+        } else {
+            for (int f = 0; f < 4; f++) gone[n_gone++] = fmt_str(c->ctx, "%s%lld", fields[f], s);
+        }
+    }
+    RedisModule_CloseKey(meta);
+    if (n_gone > 0) {
+        RedisModuleCallReply *r = call_checked(
+            c->ctx, err, RedisModule_Call(c->ctx, "HDEL", "!sv", c->meta, gone, n_gone));
+        if (r) RedisModule_FreeCallReply(r);
+    }
+    for (size_t k = 0; k < n_gone; k++) RedisModule_FreeString(c->ctx, gone[k]);
+    RedisModule_Free(gone);
+    return n_keep;
+}
+
+/* open_slice: the slices to search (the first one takes new marks), when the
+ * current slice's buckets expire, and now. Returns the slice count (0: none,
+ * `*err` set on an error). */
+static size_t open_slice(Call *c, Slice **slices_out, long long *at, long long *now_out,
+                         const char **err) {
+    long long now = RedisModule_Milliseconds();
+    RedisModuleKey *meta = RedisModule_OpenKey(c->ctx, c->meta, REDISMODULE_READ);
+    if (wrong_type(meta, REDISMODULE_KEYTYPE_HASH)) {
+        RedisModule_CloseKey(meta);
+        *err = "WRONGTYPE the slice meta is not a hash";
+        return 0;
+    }
+    long long id = 0, ends = 0;
+    meta_get_ll(meta, "id", &id);
+    meta_get_ll(meta, "ends", &ends);
+    RedisModuleString *live = meta_get(meta, "live");
+    long long *older = NULL;
+    size_t n_older = older_of(id, live, &older);
+    if (live) RedisModule_FreeString(NULL, live);
+    if (now >= ends) {
+        long long size = c->buckets, marks;
+        char field[64];
+        if (id > 0) {
+            snprintf(field, sizeof field, "marks:%lld", id);
+            if (meta_get_ll(meta, field, &marks)) {
+                /* max(1, min(MAX_BUCKETS, ceil(marks / FILL))) */
+                long long need = marks <= 0 ? 1 : (marks + BUCKET_FILL - 1) / BUCKET_FILL;
+                size = need < MAX_BUCKETS ? need : MAX_BUCKETS;
+            }
+        }
+        RedisModule_CloseKey(meta);
+        meta = NULL;
+        long long *keep = RedisModule_Alloc(sizeof(long long) * (n_older + 1));
+        size_t n_keep = 0;
+        if (id > 0) {
+            n_keep = still_live(c, id, older, n_older, now, keep, err);
+        }
+        RedisModule_Free(older);
+        older = keep;
+        n_older = n_keep;
+        if (*err) {
+            RedisModule_Free(older);
+            return 0;
+        }
+        id += 1;
+        ends = now + c->slice_ms;
+        /* live_field */
+        size_t cap = 32 + 24 * n_older, used = 0;
+        char *lf = RedisModule_Alloc(cap);
+        used += (size_t)snprintf(lf, cap, "%lld:", id);
+        for (size_t k = 0; k < n_older; k++)
+            used += (size_t)snprintf(lf + used, cap - used, "%lld,", older[k]);
+        RedisModuleString *args[8];
+        args[0] = RedisModule_CreateString(c->ctx, "id", 2);
+        args[1] = RedisModule_CreateStringFromLongLong(c->ctx, id);
+        args[2] = RedisModule_CreateString(c->ctx, "ends", 4);
+        args[3] = RedisModule_CreateStringFromLongLong(c->ctx, ends);
+        args[4] = fmt_str(c->ctx, "buckets:%lld", id);
+        args[5] = RedisModule_CreateStringFromLongLong(c->ctx, size);
+        args[6] = RedisModule_CreateString(c->ctx, "live", 4);
+        args[7] = RedisModule_CreateString(c->ctx, lf, used);
+        RedisModule_Free(lf);
+        RedisModuleCallReply *r = call_checked(
+            c->ctx, err, RedisModule_Call(c->ctx, "HSET", "!sv", c->meta, args, (size_t)8));
+        if (r) RedisModule_FreeCallReply(r);
+        for (int k = 0; k < 8; k++) RedisModule_FreeString(c->ctx, args[k]);
+        if (*err) {
+            RedisModule_Free(older);
+            return 0;
+        }
+        meta = RedisModule_OpenKey(c->ctx, c->meta, REDISMODULE_READ);
+    }
+    Slice *slices = RedisModule_Alloc(sizeof(Slice) * (n_older + 1));
+    size_t count = slices_from(c, meta, id, older, n_older, slices);
+    RedisModule_CloseKey(meta);
+    RedisModule_Free(older);
+    *slices_out = slices;
+    *at = ends + c->ttl;
+    *now_out = now;
+    if (count == 0) *err = "ERR dd.claim: no current slice (its id is below the meta's first)";
+    return count;
+}
+
+static uint32_t hash_of(const char *digest) {
+    const unsigned char *d = (const unsigned char *)digest;
+    return (uint32_t)d[0] * 65536u + (uint32_t)d[1] * 256u + (uint32_t)d[2];
+}
+
+/* bucket_of: the bucket's key name and its index. */
+static RedisModuleString *bucket_of(RedisModuleCtx *ctx, const Slice *slice, uint32_t h,
+                                    long long *index_out) {
+    long long m = slice->m, index = h % m;
+    if (index < slice->n - m) index = h % (2 * m);
+    char buf[NAME_MAX_LEN + 24];
+    memcpy(buf, slice->name, slice->name_len);
+    int len = snprintf(buf + slice->name_len, sizeof buf - slice->name_len, "%lld", index);
+    if (index_out) *index_out = index;
+    return RedisModule_CreateString(ctx, buf, slice->name_len + (size_t)len);
+}
+
+static int released(RedisModuleString *held) {
+    size_t len;
+    const char *p = RedisModule_StringPtrLen(held, &len);
+    return len > 0 && p[0] == '-';
+}
+
+/* held ~= '-' .. owner */
+static int not_tombstone_of(RedisModuleString *held, const char *owner, size_t owner_len) {
+    size_t len;
+    const char *p = RedisModule_StringPtrLen(held, &len);
+    return !(len == owner_len + 1 && p[0] == '-' && memcmp(p + 1, owner, owner_len) == 0);
+}
+
+static void replicate(Call *c, const char *cmd, const char *fmt, ...);
+
+/* find: the owner held for `digest` in slices[from..], newest first; NULL if none. */
+static RedisModuleString *find(Call *c, Slice *slices, size_t n_slices,
+                               RedisModuleString *digest, uint32_t h, size_t from,
+                               const char **err) {
+    for (size_t k = from; k < n_slices; k++) {
+        RedisModuleString *name = bucket_of(c->ctx, &slices[k], h, NULL);
+        RedisModuleKey *key = RedisModule_OpenKey(c->ctx, name, REDISMODULE_READ);
+        RedisModuleString *held = NULL;
+        int type = RedisModule_KeyType(key);
+        if (type == REDISMODULE_KEYTYPE_HASH) {
+            RedisModule_HashGet(key, REDISMODULE_HASH_NONE, digest, &held, NULL);
+        } else if (type != REDISMODULE_KEYTYPE_EMPTY) {
+            *err = "WRONGTYPE a bucket is not a hash";
+        }
+        RedisModule_CloseKey(key);
+        RedisModule_FreeString(c->ctx, name);
+        if (held || *err) return held;
+    }
+    return NULL;
+}
+
+/* The ledger's `done` set (Lua: ledger.done[index]); 1 when `index` was there. */
+static int done_add(Ledger *l, long long index) {
+    size_t mask = l->done_cap - 1, i = ((size_t)index * 2654435761u) & mask;
+    while (l->done[i] != -1) {
+        if (l->done[i] == index) return 1;
+        i = (i + 1) & mask;
+    }
+    l->done[i] = index;
+    return 0;
+}
+
+/* expire_at: make `bucket` (open for writing) expire at `at` unless it already
+ * expires then or later (less the slack). */
+static void expire_at(Call *c, RedisModuleKey *key, RedisModuleString *name, long long at,
+                      long long now) {
+    mstime_t left = RedisModule_GetExpire(key);
+    expiry_reads++;
+    if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_EMPTY) left = -2;
+    if (left < 0 || now + left < at - EXPIRY_SLACK_MS) {
+        RedisModule_SetAbsExpire(key, at);
+        replicate(c, "PEXPIREAT", "sl", name, at);
+        RedisModule_NotifyKeyspaceEvent(c->ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
+    }
+}
+
+/* expire: bucket `index` of the current slice expires with its slice; its expiry
+ * is read only if the ledger has no bit for it yet. */
+static void expire(Call *c, Ledger *l, RedisModuleKey *key, RedisModuleString *name,
+                   long long index, long long now) {
+    if (done_add(l, index)) return;
+    size_t len = 0;
+    const unsigned char *bits =
+        (const unsigned char *)RedisModule_StringDMA(l->key, &len, REDISMODULE_READ);
+    size_t byte = (size_t)(index / 8);
+    if (bits && byte < len && (bits[byte] & (128u >> (index % 8))) != 0) return;
+    expire_at(c, key, name, l->at, now);
+    /* SETBIT ledger index 1 */
+    if (len < byte + 1) RedisModule_StringTruncate(l->key, byte + 1);
+    unsigned char *w = (unsigned char *)RedisModule_StringDMA(l->key, &len, REDISMODULE_WRITE);
+    w[byte] |= (unsigned char)(128u >> (index % 8));
+    replicate(c, "SETBIT", "sll", l->name, index, 1LL);
+    RedisModule_NotifyKeyspaceEvent(c->ctx, REDISMODULE_NOTIFY_STRING, "setbit", l->name);
+    if (l->empty_at_start && !l->timed) { /* created by this call */
+        l->timed = 1;
+        RedisModule_SetAbsExpire(l->key, l->at);
+        replicate(c, "PEXPIREAT", "sl", l->name, l->at);
+        RedisModule_NotifyKeyspaceEvent(c->ctx, REDISMODULE_NOTIFY_GENERIC, "expire", l->name);
+    }
+}
+
+/* ledger_of: the current slice's ledger, opened for the claim loop. */
+static int ledger_of(Call *c, Slice *current, long long at, Ledger *l, size_t n_digests,
+                     const char **err) {
+    char field[64];
+    long long since;
+    memset(l, 0, sizeof *l);
+    l->name = fmt_str(c->ctx, "%.*sx:%lld", (int)c->prefix_len, c->prefix, current->id);
+    snprintf(field, sizeof field, "expires:%lld", current->id);
+    RedisModuleKey *meta = RedisModule_OpenKey(c->ctx, c->meta, REDISMODULE_READ);
+    int has = meta_get_ll(meta, field, &since);
+    RedisModule_CloseKey(meta);
+    if (has && at <= since) {
+        l->at = since;
+    } else {
+        if (has) {
+            RedisModuleCallReply *r =
+                call_checked(c->ctx, err, RedisModule_Call(c->ctx, "DEL", "!s", l->name));
+            if (!r) return 0;
+            RedisModule_FreeCallReply(r);
+        }
+        RedisModuleString *f = RedisModule_CreateString(c->ctx, field, strlen(field));
+        RedisModuleString *v = RedisModule_CreateStringFromLongLong(c->ctx, at);
+        RedisModuleCallReply *r =
+            call_checked(c->ctx, err, RedisModule_Call(c->ctx, "HSET", "!sss", c->meta, f, v));
+        RedisModule_FreeString(c->ctx, f);
+        RedisModule_FreeString(c->ctx, v);
+        if (!r) return 0;
+        RedisModule_FreeCallReply(r);
+        l->at = at;
+    }
+    l->key = RedisModule_OpenKey(c->ctx, l->name, REDISMODULE_READ | REDISMODULE_WRITE);
+    if (wrong_type(l->key, REDISMODULE_KEYTYPE_STRING)) {
+        *err = "WRONGTYPE the expiry ledger is not a string";
+        return 0;
+    }
+    size_t len = 0;
+    RedisModule_StringDMA(l->key, &len, REDISMODULE_READ);
+    l->empty_at_start = len == 0;
+    l->done_cap = 16;
+    while (l->done_cap < 2 * n_digests + 2) l->done_cap *= 2;
+    l->done = RedisModule_Alloc(sizeof(long long) * l->done_cap);
+    for (size_t k = 0; k < l->done_cap; k++) l->done[k] = -1;
+    return 1;
+}
+
+static void ledger_close(Ledger *l) {
+    if (l->key) RedisModule_CloseKey(l->key);
+    l->key = NULL;
+}
+
+/* claim: 1 when `owner` holds `digest` now, else the reply that says who does;
+ * `*added` 1 when a field was added to the current slice. */
+static int claim(Call *c, Slice *slices, size_t n_slices, RedisModuleString *digest,
+                 const char *owner, size_t owner_len, long long now, Ledger *l, Reply *out,
+                 int *added, const char **err) {
+    uint32_t h = hash_of(RedisModule_StringPtrLen(digest, NULL));
+    long long index;
+    RedisModuleString *name = bucket_of(c->ctx, &slices[0], h, &index);
+    RedisModuleKey *key = RedisModule_OpenKey(c->ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
+    RedisModuleString *held = NULL;
+    RedisModuleString *owner_s = RedisModule_CreateString(c->ctx, owner, owner_len);
+    *added = 0;
+    out->mine = 0;
+    out->value = NULL;
+    if (wrong_type(key, REDISMODULE_KEYTYPE_HASH)) {
+        *err = "WRONGTYPE a bucket is not a hash";
+        goto done;
+    }
+    if (RedisModule_HashSet(key, REDISMODULE_HASH_NX | REDISMODULE_HASH_COUNT_ALL, digest, owner_s,
+                            NULL) == 1) {
+        replicate(c, "HSET", "sss", name, digest, owner_s);
+        RedisModule_NotifyKeyspaceEvent(c->ctx, REDISMODULE_NOTIFY_HASH, "hset", name);
+        RedisModuleString *older = find(c, slices, n_slices, digest, h, 1, err);
+        if (*err) goto done;
+        if (older == NULL) {
+            expire(c, l, key, name, index, now);
+            out->mine = 1;
+            *added = 1;
+            goto done;
+        }
+        if (released(older) && not_tombstone_of(older, owner, owner_len)) {
+            expire(c, l, key, name, index, now);
+            size_t len;
+            const char *p = RedisModule_StringPtrLen(older, &len);
+            out->value = RedisModule_CreateStringPrintf(c->ctx, "=%.*s", (int)(len - 1), p + 1);
+            RedisModule_FreeString(c->ctx, older);
+            *added = 1;
+            goto done;
+        }
+        RedisModule_HashSet(key, REDISMODULE_HASH_NONE, digest, REDISMODULE_HASH_DELETE, NULL);
+        replicate(c, "HDEL", "ss", name, digest);
+        RedisModule_NotifyKeyspaceEvent(c->ctx, REDISMODULE_NOTIFY_HASH, "hdel", name);
+        held = older;
+    } else {
+        RedisModule_HashGet(key, REDISMODULE_HASH_NONE, digest, &held, NULL);
+        if (held == NULL) { /* not reached: HSETNX found it */
+            *err = "ERR dd.claim: a field vanished";
+            goto done;
+        }
+        if (released(held) && not_tombstone_of(held, owner, owner_len)) {
+            RedisModule_HashSet(key, REDISMODULE_HASH_NONE, digest, owner_s, NULL);
+            replicate(c, "HSET", "sss", name, digest, owner_s);
+            RedisModule_NotifyKeyspaceEvent(c->ctx, REDISMODULE_NOTIFY_HASH, "hset", name);
+            expire(c, l, key, name, index, now);
+            size_t len;
+            const char *p = RedisModule_StringPtrLen(held, &len);
+            out->value = RedisModule_CreateStringPrintf(c->ctx, "=%.*s", (int)(len - 1), p + 1);
+            RedisModule_FreeString(c->ctx, held);
+            goto done;
+        }
+    }
+    {
+        size_t len;
+        const char *p = RedisModule_StringPtrLen(held, &len);
+        if (len == owner_len && memcmp(p, owner, len) == 0) {
+            out->mine = 1;
+            RedisModule_FreeString(c->ctx, held);
+        } else {
+            out->value = held;
+        }
+    }
+done:
+    RedisModule_CloseKey(key);
+    RedisModule_FreeString(c->ctx, name);
+    RedisModule_FreeString(c->ctx, owner_s);
+    return *err == NULL;
+}
+
+static long long reply_ll(RedisModuleCallReply *r) {
+    return RedisModule_CallReplyType(r) == REDISMODULE_REPLY_INTEGER
+               ? RedisModule_CallReplyInteger(r)
+               : -1;
+}
+
+/* grow: count `added` new marks in the current slice and split its buckets while
+ * it holds more than BUCKET_FILL per bucket, at most MAX_SPLITS per call. Rare
+ * (once per BUCKET_FILL new ids at most): through RedisModule_Call, as Lua. */
+static void grow(Call *c, Slice *slice, long long added, long long now, Ledger *l,
+                 const char **err) {
+    RedisModuleString *field = fmt_str(c->ctx, "marks:%lld", slice->id);
+    RedisModuleCallReply *r = call_checked(
+        c->ctx, err, RedisModule_Call(c->ctx, "HINCRBY", "!ssl", c->meta, field, added));
+    RedisModule_FreeString(c->ctx, field);
+    if (!r) return;
+    long long marks = reply_ll(r);
+    RedisModule_FreeCallReply(r);
+    long long n = slice->n, m = slice->m, splits = 0;
+    while (marks > (long long)BUCKET_FILL * n && n < MAX_BUCKETS && splits < MAX_SPLITS) {
+        long long p = n - m;
+        RedisModuleString *from = fmt_str(c->ctx, "%.*s%lld", (int)slice->name_len, slice->name, p);
+        RedisModuleString *to = fmt_str(c->ctx, "%.*s%lld", (int)slice->name_len, slice->name, n);
+        RedisModuleCallReply *all = call_checked(c->ctx, err,
+                                                 RedisModule_Call(c->ctx, "HGETALL", "s", from));
+        if (!all) {
+            RedisModule_FreeString(c->ctx, from);
+            RedisModule_FreeString(c->ctx, to);
+            return;
+        }
+        size_t total = RedisModule_CallReplyLength(all);
+        RedisModuleString **moved = RedisModule_Alloc(sizeof(*moved) * (total + 1));
+        RedisModuleString **fields = RedisModule_Alloc(sizeof(*fields) * (total / 2 + 1));
+        size_t n_moved = 0, n_fields = 0;
+        for (size_t j = 0; j + 1 < total; j += 2) {
+            RedisModuleCallReply *f = RedisModule_CallReplyArrayElement(all, j);
+            RedisModuleCallReply *v = RedisModule_CallReplyArrayElement(all, j + 1);
+            size_t flen;
+            const char *fp = RedisModule_CallReplyStringPtr(f, &flen);
+            if (flen < 3) continue; /* Lua would fail on it; nothing writes one */
+            if ((long long)(hash_of(fp) % (uint32_t)(2 * m)) != p) {
+                moved[n_moved++] = RedisModule_CreateStringFromCallReply(f);
+                moved[n_moved++] = RedisModule_CreateStringFromCallReply(v);
+                fields[n_fields++] = RedisModule_CreateStringFromCallReply(f);
+            }
+        }
+        RedisModule_FreeCallReply(all);
+        if (n_fields > 0) {
+            RedisModuleCallReply *t = RedisModule_Call(c->ctx, "PTTL", "s", from);
+            long long left = t ? reply_ll(t) : -1;
+            if (t) RedisModule_FreeCallReply(t);
+            if (left < 0) left = c->ttl + c->slice_ms;
+            r = call_checked(c->ctx, err,
+                             RedisModule_Call(c->ctx, "HSET", "!sv", to, moved, n_moved));
+            if (r) RedisModule_FreeCallReply(r);
+            long long at = now + left;
+            if (l && l->at > at) at = l->at;
+            if (!*err) {
+                r = call_checked(c->ctx, err, RedisModule_Call(c->ctx, "PEXPIREAT", "!sl", to, at));
+                if (r) RedisModule_FreeCallReply(r);
+            }
+            if (!*err && l) {
+                r = call_checked(c->ctx, err,
+                                 RedisModule_Call(c->ctx, "SETBIT", "!sll", l->name, n, 1LL));
+                if (r) RedisModule_FreeCallReply(r);
+            }
+            if (!*err) {
+                r = call_checked(c->ctx, err,
+                                 RedisModule_Call(c->ctx, "HDEL", "!sv", from, fields, n_fields));
+                if (r) RedisModule_FreeCallReply(r);
+            }
+            if (!*err && 2 * n_fields == total) {
+                RedisModuleString *lk = fmt_str(c->ctx, "%.*sx:%lld", (int)c->prefix_len,
+                                                c->prefix, slice->id);
+                RedisModuleCallReply *e = RedisModule_Call(c->ctx, "EXISTS", "s", lk);
+                if (e && reply_ll(e) == 1) {
+                    r = call_checked(c->ctx, err,
+                                     RedisModule_Call(c->ctx, "SETBIT", "!sll", lk, p, 0LL));
+                    if (r) RedisModule_FreeCallReply(r);
+                }
+                if (e) RedisModule_FreeCallReply(e);
+                RedisModule_FreeString(c->ctx, lk);
+            }
+        }
+        for (size_t j = 0; j < n_moved; j++) RedisModule_FreeString(c->ctx, moved[j]);
+        for (size_t j = 0; j < n_fields; j++) RedisModule_FreeString(c->ctx, fields[j]);
+        RedisModule_Free(moved);
+        RedisModule_Free(fields);
+        RedisModule_FreeString(c->ctx, from);
+        RedisModule_FreeString(c->ctx, to);
+        if (*err) return;
+        n += 1;
+        splits += 1;
+        if (n == 2 * m) m = 2 * m;
+    }
+    if (splits > 0) {
+        RedisModuleString *g = fmt_str(c->ctx, "grown:%lld", slice->id);
+        r = call_checked(c->ctx, err, RedisModule_Call(c->ctx, "HSET", "!ssl", c->meta, g, n));
+        if (r) RedisModule_FreeCallReply(r);
+        RedisModule_FreeString(c->ctx, g);
+        slice->n = n;
+        slice->m = m;
+    }
+}
+
+/* epoch_differs: NULL when the member holds the epoch `expected` and is not
+ * paused; else the reply that says why not. */
+static RedisModuleString *epoch_differs(Call *c, const char *expected, size_t exp_len) {
+    RedisModuleString *name = fmt_str(c->ctx, "%.*sepoch", (int)c->prefix_len, c->prefix);
+    RedisModuleString *pname = fmt_str(c->ctx, "%.*spaused", (int)c->prefix_len, c->prefix);
+    RedisModuleKey *paused = RedisModule_OpenKey(c->ctx, pname, REDISMODULE_READ);
+    int is_paused = RedisModule_KeyType(paused) == REDISMODULE_KEYTYPE_STRING; /* MGET: nil else */
+    RedisModule_CloseKey(paused);
+    RedisModule_FreeString(c->ctx, pname);
+    RedisModuleString *out = NULL;
+    RedisModuleKey *epoch = RedisModule_OpenKey(c->ctx, name, REDISMODULE_READ);
+    size_t len = 0;
+    const char *e = NULL;
+    if (RedisModule_KeyType(epoch) == REDISMODULE_KEYTYPE_STRING)
+        e = RedisModule_StringDMA(epoch, &len, REDISMODULE_READ);
+    if (is_paused) {
+        out = RedisModule_CreateString(c->ctx, "paused:", 7);
+    } else if (e && len >= exp_len + 1 && memcmp(e, expected, exp_len) == 0 && e[exp_len] == ':') {
+        out = NULL;
+    } else {
+        out = RedisModule_CreateStringPrintf(c->ctx, "epoch:%.*s", (int)(e ? len : 0), e ? e : "");
+    }
+    RedisModule_CloseKey(epoch);
+    RedisModule_FreeString(c->ctx, name);
+    return out;
+}
+
+/* Whether this server propagates writes at all (alsoPropagate's own test: AOF
+ * on, or a master with a replication backlog or replicas). */
+static int propagates(RedisModuleCtx *ctx) {
+    int flags = RedisModule_GetContextFlags(ctx);
+    if (flags & REDISMODULE_CTX_FLAGS_AOF) return 1;
+    if (!(flags & REDISMODULE_CTX_FLAGS_MASTER)) return 1; /* cannot tell: replicate */
+    RedisModuleServerInfoData *info = RedisModule_GetServerInfo(ctx, "replication");
+    if (info == NULL) return 1;
+    int err = 0;
+    unsigned long long backlog =
+        RedisModule_ServerInfoGetFieldUnsigned(info, "repl_backlog_active", &err);
+    int out = err != 0 || backlog != 0;
+    unsigned long long replicas =
+        RedisModule_ServerInfoGetFieldUnsigned(info, "connected_slaves", &err);
+    if (err != 0 || replicas != 0) out = 1;
+    RedisModule_FreeServerInfo(ctx, info);
+    return out;
+}
+
+static void replicate(Call *c, const char *cmd, const char *fmt, ...) {
+    if (!c->propagate) return;
+    /* RedisModule_Replicate is variadic: forward the few shapes used here. */
+    va_list ap;
+    va_start(ap, fmt);
+    if (strcmp(fmt, "sss") == 0) {
+        RedisModuleString *a = va_arg(ap, RedisModuleString *);
+        RedisModuleString *b = va_arg(ap, RedisModuleString *);
+        RedisModuleString *d = va_arg(ap, RedisModuleString *);
+        RedisModule_Replicate(c->ctx, cmd, "sss", a, b, d);
+    } else if (strcmp(fmt, "ss") == 0) {
+        RedisModuleString *a = va_arg(ap, RedisModuleString *);
+        RedisModuleString *b = va_arg(ap, RedisModuleString *);
+        RedisModule_Replicate(c->ctx, cmd, "ss", a, b);
+    } else if (strcmp(fmt, "sl") == 0) {
+        RedisModuleString *a = va_arg(ap, RedisModuleString *);
+        long long b = va_arg(ap, long long);
+        RedisModule_Replicate(c->ctx, cmd, "sl", a, b);
+    } else if (strcmp(fmt, "sll") == 0) {
+        RedisModuleString *a = va_arg(ap, RedisModuleString *);
+        long long b = va_arg(ap, long long);
+        long long d = va_arg(ap, long long);
+        RedisModule_Replicate(c->ctx, cmd, "sll", a, b, d);
+    }
+    va_end(ap);
+}
+
+static int arg_ll(RedisModuleString *s, long long *out) {
+    return RedisModule_StringToLongLong(s, out) == REDISMODULE_OK;
+}
+
+/* DD.CLAIM: claim.lua */
+static int ClaimCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 10) return RedisModule_WrongArity(ctx);
+    Call c = {.ctx = ctx, .meta = argv[1]};
+    c.prefix = RedisModule_StringPtrLen(argv[2], &c.prefix_len);
+    long long len;
+    if (c.prefix_len > 64 || !arg_ll(argv[3], &c.ttl) || !arg_ll(argv[4], &c.slice_ms) ||
+        !arg_ll(argv[5], &c.buckets) || !arg_ll(argv[7], &len) || len < 3 || c.buckets < 1)
+        return RedisModule_ReplyWithError(ctx, "ERR dd.claim: bad arguments");
+    size_t exp_len, digests_len, owners_len;
+    const char *expected = RedisModule_StringPtrLen(argv[6], &exp_len);
+    const char *digests = RedisModule_StringPtrLen(argv[8], &digests_len);
+    const char *owners = RedisModule_StringPtrLen(argv[9], &owners_len);
+
+    /* gmatch('([^,]+),'): every non-empty run of non-commas followed by ',' */
+    size_t n = 0;
+    for (size_t k = 0, start = 0; k < owners_len; k++) {
+        if (owners[k] == ',') {
+            if (k > start) n++;
+            start = k + 1;
+        }
+    }
+    if (n * (size_t)len > digests_len)
+        return RedisModule_ReplyWithError(ctx, "ERR dd.claim: fewer digests than owners");
+
+    RedisModuleString *mismatch = epoch_differs(&c, expected, exp_len);
+    if (mismatch) {
+        RedisModule_ReplyWithString(ctx, mismatch);
+        RedisModule_FreeString(ctx, mismatch);
+        return REDISMODULE_OK;
+    }
+    c.propagate = propagates(ctx);
+    const char *err = NULL;
+    Slice *slices = NULL;
+    long long at, now;
+    size_t n_slices = open_slice(&c, &slices, &at, &now, &err);
+    if (err) {
+        if (slices) RedisModule_Free(slices);
+        return RedisModule_ReplyWithError(ctx, err);
+    }
+    Ledger ledger;
+    if (!ledger_of(&c, &slices[0], at, &ledger, n, &err)) {
+        ledger_close(&ledger);
+        if (ledger.done) RedisModule_Free(ledger.done);
+        RedisModule_FreeString(ctx, ledger.name);
+        RedisModule_Free(slices);
+        return RedisModule_ReplyWithError(ctx, err);
+    }
+    Reply *out = RedisModule_Calloc(n ? n : 1, sizeof(Reply));
+    size_t i = 0;
+    long long added = 0;
+    for (size_t k = 0, start = 0; k < owners_len && !err; k++) {
+        if (owners[k] != ',') continue;
+        if (k > start) {
+            RedisModuleString *digest =
+                RedisModule_CreateString(ctx, digests + i * (size_t)len, (size_t)len);
+            int a = 0;
+            claim(&c, slices, n_slices, digest, owners + start, k - start, now, &ledger, &out[i],
+                  &a, &err);
+            RedisModule_FreeString(ctx, digest);
+            added += a;
+            i++;
+        }
+        start = k + 1;
+    }
+    ledger_close(&ledger);
+    if (!err && added > 0) grow(&c, &slices[0], added, now, &ledger, &err);
+    if (err) {
+        RedisModule_ReplyWithError(ctx, err);
+    } else {
+        RedisModule_ReplyWithArray(ctx, (long)n);
+        for (size_t k = 0; k < n; k++) {
+            if (out[k].mine)
+                RedisModule_ReplyWithLongLong(ctx, 1);
+            else
+                RedisModule_ReplyWithString(ctx, out[k].value);
+        }
+    }
+    for (size_t k = 0; k < n; k++)
+        if (out[k].value) RedisModule_FreeString(ctx, out[k].value);
+    RedisModule_Free(out);
+    RedisModule_Free(ledger.done);
+    RedisModule_FreeString(ctx, ledger.name);
+    RedisModule_Free(slices);
+    return REDISMODULE_OK;
+}
+
+/* INFO dedup: what the Lua claim's commands would show in INFO commandstats. */
+static void InfoFunc(RedisModuleInfoCtx *ctx, int for_crash_report) {
+    (void)for_crash_report;
+    RedisModule_InfoAddSection(ctx, "claim");
+    RedisModule_InfoAddFieldLongLong(ctx, "expiry_reads", expiry_reads);
+}
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    if (RedisModule_Init(ctx, "dedup", DD_CLAIM_VERSION, REDISMODULE_APIVER_1) == REDISMODULE_ERR)
+        return REDISMODULE_ERR;
+    /* One declared key, the slice meta (argument 1), as the script's KEYS[1]: it
+     * routes the call; every other key it touches shares the meta's prefix. */
+    if (RedisModule_CreateCommand(ctx, "dd.claim", ClaimCommand, "write deny-oom", 1, 1, 1) ==
+        REDISMODULE_ERR)
+        return REDISMODULE_ERR;
+    if (RedisModule_RegisterInfoFunc(ctx, InfoFunc) == REDISMODULE_ERR) return REDISMODULE_ERR;
+    return REDISMODULE_OK;
+}
