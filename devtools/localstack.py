@@ -124,9 +124,15 @@ class ManagedProcess:
 
 
 def redis_server(
-    state_dir: Path, name: str, port: int | None = None, password: str = "", aof: bool = False
+    state_dir: Path,
+    name: str,
+    port: int | None = None,
+    password: str = "",
+    aof: bool = False,
+    module: Path | None = None,
 ) -> ManagedProcess:
-    """A redis-server on 127.0.0.1; restart = empty unless `aof` (fsync always)."""
+    """A redis-server on 127.0.0.1; restart = empty unless `aof` (fsync always);
+    `module`: a module to load (the native claim, gateway/quorum/native)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise LocalStackError("redis-server is not installed (run `make setup`)")
@@ -137,6 +143,8 @@ def redis_server(
             "--appendonly", "yes" if aof else "no", "--appendfsync", "always"]  # fmt: skip
     if password:
         argv += ["--requirepass", password]
+    if module is not None:
+        argv += ["--loadmodule", str(module)]
     return ManagedProcess(name, port, argv, work / "redis.log")
 
 

@@ -24,6 +24,7 @@ from devtools.localstack import (
     redis_server,
     valkey_server_binary,
 )
+from gateway.quorum.native import build as native_build
 
 # `make test` runs the suite on pytest-xdist workers (`-n 6 --dist loadgroup`, see the
 # Makefile); the tests of one xdist_group run on one worker, one after another.
@@ -134,11 +135,16 @@ RedisFactory = Callable[..., list[ManagedProcess]]
 
 @pytest.fixture
 def redis_servers(tmp_path: Path) -> Iterator[RedisFactory]:
-    """Start `n` fresh redis-server processes; all are stopped after the test."""
+    """Start `n` fresh redis-server processes; all are stopped after the test.
+    `native`: with the native claim module loaded (built once, gateway/quorum/native)."""
     started: list[ManagedProcess] = []
 
-    def start(n: int, password: str = "", aof: bool = False) -> list[ManagedProcess]:
-        servers = [redis_server(tmp_path, f"redis-{len(started) + i}", password=password, aof=aof)
+    def start(
+        n: int, password: str = "", aof: bool = False, native: bool = False
+    ) -> list[ManagedProcess]:
+        module = native_build() if native else None
+        servers = [redis_server(tmp_path, f"redis-{len(started) + i}", password=password, aof=aof,
+                                module=module)
                    for i in range(n)]  # fmt: skip
         for server in servers:
             server.start()
@@ -148,6 +154,14 @@ def redis_servers(tmp_path: Path) -> Iterator[RedisFactory]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(params=["lua", "module"])
+def claim_path(request: pytest.FixtureRequest) -> str:
+    """`[redis] claim` for a test that runs on both claim paths: the Lua script, and
+    the native claim (start its redis-servers with `native=claim_path == "module"`).
+    Both must give the same replies and write the same keys (gateway/quorum/native)."""
+    return str(request.param)
 
 
 ClusterFactory = Callable[..., RedisClusterProcesses]

@@ -79,6 +79,9 @@ class MemberLink:
     stale: set[str] = field(default_factory=set)  # of those, the runs that stopped
     lagging: bool = False  # not counted only for marks it missed: a catch-up completes it
     url: MemberUrl | None = None  # a cluster member's, for `nodes`
+    # How its claims run (`[redis] claim`): "lua", "module" (the native claim,
+    # gateway/quorum/native), "" not decided yet (the Lua script: both answer alike).
+    claim_path: str = ""
     nodes: dict[str, aioredis.Redis] = field(default_factory=dict)  # by node name: pipelines
 
     @property

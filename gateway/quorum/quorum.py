@@ -29,13 +29,14 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.config import RedisSettings
 from gateway.errors import ConfigError, CredentialsRefused
 from gateway.member_urls import is_cluster, member_name
 from gateway.metrics import Metrics
-from gateway.quorum import scripts
+from gateway.quorum import native, scripts
 from gateway.quorum.admin import Admin
 from gateway.quorum.behind import Behind
 from gateway.quorum.calls import Calls
@@ -68,6 +69,7 @@ class Quorum:
         self.ping_interval = settings.ping_interval.total_seconds()
         self.ttl_ms = int(settings.ttl.total_seconds() * 1000)
         self.prefix = settings.key_prefix.encode()
+        self.claim_setting = settings.claim
         # What every mark script takes after the key prefix (gateway/quorum/scripts.py).
         tail = (self.ttl_ms, self.ttl_ms // scripts.SLICES_BACK, settings.buckets)
         self.layout: list[Any] = [self.prefix, *tail]  # a standalone member's
@@ -185,6 +187,8 @@ class Quorum:
             names = {"redis": ", ".join(failed)}
             if answering >= self.majority:
                 await self._refuse_one_server()
+                await asyncio.gather(*(self.choose_claim(i, at_start=True)
+                                       for i in self.members if i.up))  # fmt: skip
                 for name, (kind, detail) in failed.items():
                     if kind == "auth":  # a password rotated on one member: serve, say so
                         logger.error("Redis member %s refuses the URL's credentials (%s): "
@@ -219,6 +223,62 @@ class Quorum:
         groups = shared(dict(zip(named, map(run_id_of, infos), strict=True)))
         if groups:
             raise ConfigError(describe(groups))
+
+    async def choose_claim(self, inst: MemberLink, at_start: bool = False) -> None:
+        """Decide how `inst`'s claims run (`[redis] claim`), once, and say so in a log
+        line: the native claim where the setting allows it and the member has the
+        module at this gateway's version (gateway/quorum/native), else the Lua script.
+        `module` on a member without it: ConfigError at start-up (`at_start`), an
+        ERROR line and the Lua script later (a member that came back without it
+        still dedups, with the same replies). A member that cannot be asked now
+        (down) stays undecided: the Lua script, asked again at its next claim."""
+        if inst.claim_path:
+            return
+        setting = f'[redis] claim = "{self.claim_setting}"'
+        if self.claim_setting == "lua" or inst.cluster:
+            why = setting if self.claim_setting == "lua" else "a Redis Cluster member"
+            self._use_claim(inst, "lua", why)
+            return
+        assert isinstance(inst.client, aioredis.Redis)
+        try:
+            has, why = await asyncio.wait_for(native.loaded(inst.client), self.timeout)
+        except (TimeoutError, RedisError, OSError):
+            return  # no answer: asked again at its next claim
+        if has:
+            self._use_claim(inst, "module", why)
+            return
+        if self.claim_setting == "module":
+            message = (
+                f"{setting}: Redis member {inst.name} has no native claim ({why}); load the "
+                'module there (`loadmodule`, docs/operations.md, "The native claim") or set '
+                'claim = "auto"'
+            )
+            if at_start:
+                raise ConfigError(message)
+            logger.error("%s; its claims run as the Lua script meanwhile", message,
+                         extra={"redis": inst.name})  # fmt: skip
+        self._use_claim(inst, "lua", f"{setting}: {why}")
+
+    def _use_claim(self, inst: MemberLink, path: str, why: str) -> None:
+        script = inst.scripts["claim"]
+        lua = script.lua if isinstance(script, native.NativeClaim) else script
+        inst.scripts["claim"] = native.NativeClaim(inst.client, lua) if path == "module" else lua
+        inst.claim_path = path
+        how = "the Lua script" if path == "lua" else f"the native module command {native.COMMAND}"
+        logger.info("Redis member %s: claims run as %s (%s)", inst.name, how, why,
+                    extra={"redis": inst.name, "claim": path})  # fmt: skip
+
+    def _lost_module(self, inst: MemberLink) -> None:
+        """A member whose native claim was refused as an unknown command (it restarted
+        without the module): the Lua script from its next claim, and decided again."""
+        if inst.claim_path == "module" and inst.failure is not None:
+            kind, detail = inst.failure
+            if kind == "response" and "unknown command" in detail.lower():
+                logger.warning("Redis member %s no longer has the native claim (%s): its "
+                               "claims run as the Lua script until it is checked again",
+                               inst.name, detail, extra={"redis": inst.name})  # fmt: skip
+                self._use_claim(inst, "lua", "the module went away")
+                inst.claim_path = ""
 
     def not_answering(self) -> str:
         """For /readyz while ready: the members that do not answer, and why."""
@@ -377,7 +437,11 @@ class Quorum:
                 sent = await self.fills.send(inst, fills)
                 if sent:
                     await self.behind.clear(inst)
+            if not inst.claim_path:
+                await self.choose_claim(inst)
             results = await self._via(inst).grouped(inst, "claim", digests, partial(plan, epoch_id))
+            if any(result is None for _, result in results):
+                self._lost_module(inst)
             replies: list[Reply] = [None] * n
             for positions, result in results:
                 if result is not None:

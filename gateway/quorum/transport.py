@@ -31,6 +31,7 @@ from redis.exceptions import (
 )
 
 from gateway import sizing
+from gateway.quorum import native
 from gateway.quorum.link import MemberLink
 from gateway.quorum.members import Group, node_client_for, split
 
@@ -161,7 +162,11 @@ class Transport:
     ) -> list[Any]:
         pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
-            pipe.evalsha(inst.scripts[name].sha, len(keys), *keys, *args)
+            script = inst.scripts[name]
+            if getattr(script, "native", False):  # the module's command (gateway/quorum/native)
+                pipe.execute_command(native.COMMAND, *keys, *args)
+            else:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
         replies: list[Any] = await pipe.execute(raise_on_error=False)
         return replies
 

@@ -10,11 +10,12 @@ from typing import Literal
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 from pydantic_core import MultiHostUrl
 
 from gateway import sizing
-from gateway.member_urls import MemberUrl, check_member_url, member_name
+from gateway.member_urls import MemberUrl, check_member_url, is_cluster, member_name
 from gateway.settings.values import Duration, Section
 
 
@@ -46,6 +47,22 @@ class RedisSettings(Section):
     # the cluster's masters. Changing it makes every cluster member look empty
     # (recovering), as a member that lost its data.
     cluster_groups: int = Field(default=64, ge=2, le=4096)
+    # How claims run on a member: "lua" (the scripts, every Redis), "module" (the
+    # native claim, a Redis module the operator loaded: gateway/quorum/native; a
+    # member without it stops start-up), "auto" (the module where `MODULE LIST`
+    # shows it at this gateway's version, else Lua; one log line per member).
+    # Both give the same replies and write the same keys.
+    claim: Literal["lua", "module", "auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _module_on_standalone(self) -> RedisSettings:
+        clusters = [member_name(n) for n in self.nodes if is_cluster(n)]
+        if self.claim == "module" and clusters:
+            raise ValueError(
+                f'claim = "module" serves standalone members only; {", ".join(clusters)} '
+                'is a Redis Cluster member (use "auto": Lua there, the module elsewhere)'
+            )
+        return self
 
     @field_validator("nodes")
     @classmethod

@@ -26,18 +26,22 @@ QuorumFactory = Callable[..., Quorum]
 
 
 @pytest.fixture
-async def quorum_on(redis_servers: Any) -> AsyncIterator[QuorumFactory]:
-    """Quorums over one fresh redis-server, with the given `[redis]` settings."""
-    (server,) = redis_servers(1)
+async def quorum_on(redis_servers: Any, claim_path: str) -> AsyncIterator[QuorumFactory]:
+    """Quorums over one fresh redis-server, with the given `[redis]` settings; every
+    test here runs with the Lua claim and with the native one (`claim_path`)."""
+    (server,) = redis_servers(1, native=claim_path == "module")
     made: list[Quorum] = []
 
     def make(**redis: Any) -> Quorum:
-        settings = load_settings(redis={"nodes": redis_urls([server]), **redis})
+        settings = load_settings(redis={"nodes": redis_urls([server]), "claim": claim_path,
+                                        **redis})  # fmt: skip
         made.append(Quorum(settings.redis, Metrics()))
         return made[-1]
 
     yield make
     for quorum in made:
+        # The path asked for is the one that ran (or none: the test made no claim).
+        assert {m.claim_path for m in quorum.members} <= {"", claim_path}
         await quorum.close()
 
 
@@ -270,7 +274,9 @@ async def test_a_bucket_expiry_is_read_once_per_slice_and_every_bucket_expires(
     redis: aioredis.Redis = quorum.members[0].client
 
     async def pttl_calls() -> int:
-        return int((await redis.info("commandstats")).get("cmdstat_pttl", {}).get("calls", 0))
+        """Expiry reads: the Lua claim's PTTL calls, the native claim's own count."""
+        lua = (await redis.info("commandstats")).get("cmdstat_pttl", {}).get("calls", 0)
+        return int(lua) + int((await redis.info("dedup")).get("dedup_expiry_reads", 0))
 
     assert await quorum.claim(digests("first", 200), ["1"] * 200) == [[MINE] * 200]
     assert await pttl_calls() == 16  # one per bucket
