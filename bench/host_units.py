@@ -4,6 +4,7 @@
     python -m bench.host_units                         # 5,000 new ids/s + 20% copies, 3 rounds
     python -m bench.host_units --rate 5000 --seconds 40 --fill 32 --rounds 3
     python -m bench.host_units --fill 0 --buckets 1    # fresh members, a first slice of 1 bucket
+    python -m bench.host_units --claims lua            # the Lua claim only (default: lua,module)
 
 Absolute µs differ from host to host by 1.5-2x (a SET NX costs 2.2 µs on one
 machine and 4.0 on another), so every Redis figure here is also given over a SET
@@ -29,6 +30,13 @@ at full speed never sees), ids per script call (`INFO commandstats`),
 bytes per mark (`used_memory` growth over the run ÷ new ids, clients' buffers
 included) and the gateway process's CPU per record. `--out FILE` writes every
 round as JSON.
+
+Each round measures every claim path of `--claims` in turn (`[redis] claim`: the Lua
+script, and the native claim, a Redis module every member loads,
+gateway/quorum/native), each with its own fill, gateway run and SET NX, and then
+each path's claim alone: on one member, filled the same way, `Quorum.claim` over
+`--alone` fresh new ids in batches of 2,000 (chunks of 500, no copies, no gateway
+process), its CPU per new id beside a SET NX measured right after on that member.
 """
 
 from __future__ import annotations
@@ -55,12 +63,17 @@ from bench.variants import Variant
 from devtools.localstack import LocalStack, free_port
 from devtools.topics import create_topics
 from gateway.config import load_settings
+from gateway.contract.tokens import mark_digest, owner_tokens
+from gateway.metrics import Metrics
+from gateway.quorum import native
+from gateway.quorum.quorum import Quorum
 from gateway.quorum.scripts import SLICES_BACK
 
 console = Console()
 GATEWAY_3 = Variant("gateway-3", redis=3)
 SET_NX_PIPELINE = 2000
 IDLE_S = 5.0  # how long each member's idle CPU is read after the run
+ALONE_BATCH = 2000  # ids per Quorum.claim of the claim alone (4 chunks of 500)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,6 +90,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--buckets", type=int, default=0, help="[redis] buckets (0: the default)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--set-nx", type=int, default=100_000, help="SET NX keys per member")
+    p.add_argument(
+        "--claims", default="lua,module",
+        help="claim paths to measure, in turn each round: lua, module (the native claim)",
+    )  # fmt: skip
+    p.add_argument("--alone", type=int, default=100_000, help="new ids of the claim alone")
     p.add_argument("--out", type=Path, help="write every round as JSON here")
     return p.parse_args(argv)
 
@@ -96,6 +114,13 @@ class Round:
     fill: int
 
     seconds: float = 0.0  # the measured window
+    claim: str = "lua"  # `[redis] claim`: lua, or module (the native claim)
+    alone_us: float = 0.0  # the claim alone: Redis CPU per new id, one member
+    alone_set_nx_us: float = 0.0  # a SET NX on that member right after
+
+    @property
+    def alone_ratio(self) -> float:
+        return self.alone_us / self.alone_set_nx_us if self.alone_set_nx_us else 0.0
 
     @property
     def ratio(self) -> list[float]:
@@ -140,7 +165,40 @@ async def set_nx_cost(url: str, keys: int, ttl_ms: int, tag: str) -> float:
         return (await cpu() - t0) / keys * 1e6
 
 
-async def one_round(stack: LocalStack, args: argparse.Namespace, round_no: int) -> Round:
+async def alone_cost(
+    url: str, claim: str, args: argparse.Namespace, round_no: int
+) -> tuple[float, float]:
+    """The claim alone on one member filled as the gateway's run was: Redis CPU per
+    new id of `Quorum.claim` over `--alone` fresh ids, and a SET NX right after (µs)."""
+    await flush([url])
+    n = args.alone
+    if args.fill:
+        await prefill([url], max(1, n // args.fill), args.fill)
+    redis: dict[str, Any] = {"nodes": [url], "claim": claim}
+    if args.buckets or args.fill:
+        redis["buckets"] = args.buckets or max(1, n // args.fill)
+    settings = load_settings(redis=redis).redis
+    quorum = Quorum(settings, Metrics())
+    try:
+        ids = [mark_digest(f"alone-{round_no}-{claim}-{i}".encode()) for i in range(n + 1)]
+        await quorum.claim(ids[:1], ["1"])  # the epoch, the path, the slice opened
+        assert quorum.members[0].claim_path == claim, quorum.members[0].claim_path
+        async with aioredis.Redis.from_url(url) as client:
+            t0 = redis_cpu([await client.info("cpu")])
+            for start in range(1, n + 1, ALONE_BATCH):
+                chunk = ids[start : start + ALONE_BATCH]
+                owners = owner_tokens(f"alone-{round_no}", 0, range(start, start + len(chunk)))
+                await quorum.claim(chunk, owners)
+            used = redis_cpu([await client.info("cpu")]) - t0
+    finally:
+        await quorum.close()
+    ttl_ms = int(settings.ttl.total_seconds() * 1000)
+    return used / n * 1e6, await set_nx_cost(url, args.set_nx, ttl_ms, f"alone-{round_no}-{claim}")
+
+
+async def one_round(
+    stack: LocalStack, args: argparse.Namespace, round_no: int, claim: str = "lua"
+) -> Round:
     urls = stack.redis_urls[:3]
     await flush(urls)
     run_ids = int(args.rate * (args.warmup + args.seconds))
@@ -149,10 +207,11 @@ async def one_round(stack: LocalStack, args: argparse.Namespace, round_no: int) 
     # Once an older slice is there, the new one is sized from its marks: the setting
     # counts for a member's first slice only.
     buckets = args.buckets or (max(1, run_ids // args.fill) if args.fill else 0)
-    raw, clean = f"hu-raw-{round_no}", f"hu-clean-{round_no}"
+    raw, clean = f"hu-raw-{round_no}-{claim}", f"hu-clean-{round_no}-{claim}"
     await create_topics(stack.bootstrap, {raw: 4, clean: 4, f"{clean}-quarantine": 1})
     port = free_port()
     config = bench_config(stack, GATEWAY_3, raw, clean, port, buckets)
+    config["redis"]["claim"] = claim
     path = write_config(stack.state_dir / f"{clean}.toml", config)
     gateway = GatewayProcesses(path, 1, port, stack.state_dir / f"{clean}.log")
     counts = gateway.metrics
@@ -188,7 +247,7 @@ async def one_round(stack: LocalStack, args: argparse.Namespace, round_no: int) 
     await asyncio.sleep(IDLE_S)
     idle1 = [redis_cpu([i]) for i in await redis_info(urls)]
     idle = [(b - a) / IDLE_S * 1e6 for a, b in zip(idle0, idle1, strict=True)]
-    set_nx = [await set_nx_cost(url, args.set_nx, ttl_ms, f"{round_no}") for url in urls]
+    set_nx = [await set_nx_cost(url, args.set_nx, ttl_ms, f"{round_no}-{claim}") for url in urls]
     new_ids, records = forwarded1 - forwarded0, handled1 - handled0
     calls = [b - a for a, b in zip(calls0, calls1, strict=True)]
     distinct = counts.forwarded_total()
@@ -206,13 +265,15 @@ async def one_round(stack: LocalStack, args: argparse.Namespace, round_no: int) 
         ],
         gateway_us_per_record=(cpu1 - cpu0) / records * 1e6,
         idle_us_per_s=idle, seconds=args.seconds,
-        live_slices=SLICES_BACK + 1 if args.fill else 1, fill=args.fill,
+        live_slices=SLICES_BACK + 1 if args.fill else 1, fill=args.fill, claim=claim,
     )  # fmt: skip
 
 
 def show(r: Round) -> None:
     console.print(
-        f"round {r.round}: {r.new_ids:,} new ids of {r.records:,} records measured; Redis CPU "
+        f"round {r.round}, {r.claim} claim: the claim alone {r.alone_us:.2f} µs per new id, "
+        f"SET NX {r.alone_set_nx_us:.2f} µs: x SET NX {r.alone_ratio:.2f}; through the gateway: "
+        f"{r.new_ids:,} new ids of {r.records:,} records measured; Redis CPU "
         f"per new id per member {', '.join(f'{v:.2f}' for v in r.redis_us_per_new_id)} µs; "
         f"SET NX {', '.join(f'{v:.2f}' for v in r.set_nx_us)} µs; "
         f"x SET NX {', '.join(f'{v:.2f}' for v in r.ratio)} (less idle: "
@@ -226,19 +287,36 @@ def show(r: Round) -> None:
 
 async def main_async(args: argparse.Namespace) -> list[Round]:
     rounds: list[Round] = []
+    claims = [c.strip() for c in args.claims.split(",") if c.strip()]
+    module = native.build() if "module" in claims else None
     with tempfile.TemporaryDirectory(prefix="host-units-") as state:
-        stack = LocalStack(Path(state), redis_count=3).start()
+        stack = LocalStack(Path(state), redis_count=3, redis_module=module).start()
         try:
             for round_no in range(args.rounds):
-                rounds.append(await one_round(stack, args, round_no))
-                show(rounds[-1])
+                for claim in claims:
+                    r = await one_round(stack, args, round_no, claim)
+                    r.alone_us, r.alone_set_nx_us = await alone_cost(
+                        stack.redis_urls[0], claim, args, round_no
+                    )
+                    rounds.append(r)
+                    show(r)
         finally:
             stack.stop()
+    for claim in claims:
+        summary(args, claim, [r for r in rounds if r.claim == claim])
+    return rounds
+
+
+def summary(args: argparse.Namespace, claim: str, rounds: list[Round]) -> None:
     ratios = [x for r in rounds for x in r.ratio]
     net = [x for r in rounds for x in r.net_ratio]
+    alone = [r.alone_ratio for r in rounds]
     console.print(
-        f"[bold]median of {len(rounds)} rounds x 3 members: {statistics.median(ratios):.2f} x SET "
-        f"NX per new id per member ({min(ratios):.2f}-{max(ratios):.2f}; less the members' "
+        f"[bold]{claim} claim, median of {len(rounds)} rounds: alone "
+        f"{statistics.median(alone):.2f} x SET NX per new id "
+        f"({', '.join(f'{v:.2f}' for v in alone)}); through the gateway, x 3 members: "
+        f"{statistics.median(ratios):.2f} x SET NX per new id per member "
+        f"({min(ratios):.2f}-{max(ratios):.2f}; less the members' "
         f"idle CPU {statistics.median(net):.2f}); "
         f"{statistics.median(x for r in rounds for x in r.redis_us_per_new_id):.2f} µs against "
         f"{statistics.median(x for r in rounds for x in r.set_nx_us):.2f}; "
@@ -247,7 +325,6 @@ async def main_async(args: argparse.Namespace) -> list[Round]:
         f"{SLICES_BACK + 1 if args.fill else 1} live slices, buckets {args.buckets or 'sized'}, "
         f"{args.seconds:.0f} s measured after {args.warmup:.0f} s)"
     )
-    return rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(
             {"started": started, "args": {k: str(v) for k, v in vars(args).items()},
-             "rounds": [{**asdict(r), "ratio": r.ratio, "net_ratio": r.net_ratio}
-                        for r in rounds]}, indent=1
+             "rounds": [{**asdict(r), "ratio": r.ratio, "net_ratio": r.net_ratio,
+                         "alone_ratio": r.alone_ratio} for r in rounds]}, indent=1
         ))  # fmt: skip
     return 0
 

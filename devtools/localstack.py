@@ -598,6 +598,7 @@ class LocalStack:
     broker: KafkaBroker | None = None
     redis: list[ManagedProcess] = field(default_factory=list)
     cluster: RedisClusterProcesses | None = None
+    redis_module: Path | None = None  # loaded by every standalone member (the native claim)
 
     @property
     def bootstrap(self) -> str:
@@ -621,7 +622,8 @@ class LocalStack:
             self.broker.start()
             for i in range(self.redis_count):
                 port = self.redis_ports[i] if i < len(self.redis_ports) else None
-                server = redis_server(self.state_dir, f"redis-{i}", port=port)
+                server = redis_server(self.state_dir, f"redis-{i}", port=port,
+                                      module=self.redis_module)  # fmt: skip
                 server.start()
                 self.redis.append(server)
             if self.cluster_masters:
