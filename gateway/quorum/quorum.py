@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.config import RedisSettings
@@ -239,7 +238,6 @@ class Quorum:
             why = setting if self.claim_setting == "lua" else "a Redis Cluster member"
             self._use_claim(inst, "lua", why)
             return
-        assert isinstance(inst.client, aioredis.Redis)
         try:
             has, why = await asyncio.wait_for(native.loaded(inst.client), self.timeout)
         except (TimeoutError, RedisError, OSError):
@@ -437,7 +435,7 @@ class Quorum:
                 sent = await self.fills.send(inst, fills)
                 if sent:
                     await self.behind.clear(inst)
-            if not inst.claim_path:
+            if not inst.claim_path and inst.up:  # a member down is not waited for twice
                 await self.choose_claim(inst)
             results = await self._via(inst).grouped(inst, "claim", digests, partial(plan, epoch_id))
             if any(result is None for _, result in results):

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 MODULE_NAME = "dedup"
 VERSION = 1  # DD_CLAIM_VERSION in dd_claim.c
@@ -115,11 +115,11 @@ def module_version(modules: list[dict[Any, Any]]) -> int | None:
     return None
 
 
-async def loaded(client: aioredis.Redis) -> tuple[bool, str]:
+async def loaded(client: Any) -> tuple[bool, str]:
     """Whether this server has the module at `VERSION`, and if not, why (for the log)."""
     try:
         modules = await client.module_list()
-    except aioredis.ResponseError as exc:  # a managed service without MODULE, an ACL
+    except ResponseError as exc:  # a managed service without MODULE, an ACL
         return False, f"MODULE LIST refused ({exc})"
     version = module_version(modules)
     if version is None:
