@@ -48,7 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="claim paths to measure, in turn each round: lua, module (the native claim)",
     )  # fmt: skip
     p.add_argument("--alone", type=int, default=100_000, help="new ids of the claim alone")
+    p.add_argument("--paced", type=int, default=20_000, help="SET NX keys at the run's pace")
     p.add_argument("--out", type=Path, help="write every round as JSON here")
     return p.parse_args(argv)
 
@@ -106,7 +107,8 @@ class Round:
     records: int  # handled in the measured window (new ids and copies)
     redis_us_per_new_id: list[float]  # per member
     set_nx_us: list[float]  # per member, same round
-    ids_per_call: list[float]  # per member: claims per EVALSHA over the measured window
+    paced_set_nx_us: list[float]  # per member: SET NX at the run's pace (trips, their rate)
+    ids_per_call: list[float]  # per member: records per script call (EVALSHA, DD.CLAIM)
     bytes_per_mark: list[float]  # per member, over the whole run
     idle_us_per_s: list[float]  # per member: its CPU with no load, after the run
     gateway_us_per_record: float
@@ -117,6 +119,14 @@ class Round:
     claim: str = "lua"  # `[redis] claim`: lua, or module (the native claim)
     alone_us: float = 0.0  # the claim alone: Redis CPU per new id, one member
     alone_set_nx_us: float = 0.0  # a SET NX on that member right after
+    # The first member: µs per new id inside each command (INFO commandstats) over the window
+    commands_us: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def paced_ratio(self) -> list[float]:
+        """Redis CPU per new id over a SET NX sent at the run's pace."""
+        pairs = zip(self.redis_us_per_new_id, self.paced_set_nx_us, strict=True)
+        return [r / s for r, s in pairs]
 
     @property
     def alone_ratio(self) -> float:
@@ -138,18 +148,28 @@ class Round:
         ]
 
 
-async def evalsha_calls(urls: list[str]) -> list[int]:
-    """Per server, the script calls so far (`INFO commandstats`)."""
+async def command_stats(urls: list[str]) -> list[dict[str, tuple[int, int]]]:
+    """Per server, (calls, µs inside the command) so far per command (`INFO commandstats`)."""
     out = []
     for url in urls:
         async with aioredis.Redis.from_url(url) as client:
             stats: dict[str, Any] = await client.info("commandstats")
-            out.append(int(stats.get("cmdstat_evalsha", {}).get("calls", 0)))
+            out.append({name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+                        for name, v in stats.items()})  # fmt: skip
     return out
 
 
-async def set_nx_cost(url: str, keys: int, ttl_ms: int, tag: str) -> float:
-    """Redis CPU (µs) per pipelined `SET key NX PX` of fresh keys on one server."""
+def script_calls(stats: dict[str, tuple[int, int]]) -> int:
+    """Script calls, the native claim's included (one per chunk either way)."""
+    return sum(stats.get(name, (0, 0))[0] for name in ("evalsha", native.COMMAND.lower()))
+
+
+async def set_nx_cost(
+    url: str, keys: int, ttl_ms: int, tag: str, per_trip: int = SET_NX_PIPELINE,
+    every_s: float = 0.0,
+) -> float:  # fmt: skip
+    """Redis CPU (µs) per pipelined `SET key NX PX` of fresh keys on one server,
+    `per_trip` per round trip, one trip every `every_s` (0: back to back)."""
     async with aioredis.Redis.from_url(url) as client:
 
         async def cpu() -> float:
@@ -157,11 +177,13 @@ async def set_nx_cost(url: str, keys: int, ttl_ms: int, tag: str) -> float:
 
         value = b"%d" % (2**62 + 12345)  # an owner token's size
         t0 = await cpu()
-        for start in range(0, keys, SET_NX_PIPELINE):
+        for start in range(0, keys, per_trip):
             async with client.pipeline(transaction=False) as pipe:
-                for i in range(start, min(start + SET_NX_PIPELINE, keys)):
+                for i in range(start, min(start + per_trip, keys)):
                     pipe.set(b"setnx:%s:%012d" % (tag.encode(), i), value, nx=True, px=ttl_ms)
                 await pipe.execute()
+            if every_s:
+                await asyncio.sleep(every_s)  # the gateway's pace, not a wait for anything
         return (await cpu() - t0) / keys * 1e6
 
 
@@ -229,10 +251,10 @@ async def one_round(
         await asyncio.sleep(args.warmup)  # the load's own pace: the window is wall time
         if task.done():
             task.result()
-        info0, cpu0, calls0 = await redis_info(urls), gateway.cpu_s(), await evalsha_calls(urls)
+        info0, cpu0, calls0 = await redis_info(urls), gateway.cpu_s(), await command_stats(urls)
         forwarded0, handled0 = counts.forwarded_total(), counts.handled()
         await asyncio.sleep(args.seconds)
-        info1, cpu1, calls1 = await redis_info(urls), gateway.cpu_s(), await evalsha_calls(urls)
+        info1, cpu1, calls1 = await redis_info(urls), gateway.cpu_s(), await command_stats(urls)
         forwarded1, handled1 = counts.forwarded_total(), counts.handled()
         await loader.communicate()
     finally:
@@ -249,7 +271,20 @@ async def one_round(
     idle = [(b - a) / IDLE_S * 1e6 for a, b in zip(idle0, idle1, strict=True)]
     set_nx = [await set_nx_cost(url, args.set_nx, ttl_ms, f"{round_no}-{claim}") for url in urls]
     new_ids, records = forwarded1 - forwarded0, handled1 - handled0
-    calls = [b - a for a, b in zip(calls0, calls1, strict=True)]
+    calls = [script_calls(b) - script_calls(a) for a, b in zip(calls0, calls1, strict=True)]
+    # The same SET NX at the run's pace: a trip of the run's new ids per claim call, as
+    # often as its claim calls came, the members side by side (what the claims paid for
+    # cold caches and round trips, a pipelined SET NX back to back does not).
+    per_trip = max(1, round(new_ids / max(calls[0], 1)))
+    pace = await asyncio.gather(*(
+        set_nx_cost(url, args.paced, ttl_ms, f"{round_no}-{claim}-paced", per_trip,
+                    args.seconds / max(calls[0], 1))
+        for url in urls
+    ))  # fmt: skip
+    # Where the first member's CPU went: µs inside each command per new id (the rest of
+    # its CPU is reading requests, writing replies, its event loop and expiry).
+    inside = {name: (usec - calls0[0].get(name, (0, 0))[1]) / max(new_ids, 1)
+              for name, (_, usec) in calls1[0].items()}  # fmt: skip
     distinct = counts.forwarded_total()
     return Round(
         round=round_no, new_ids=new_ids, records=records,
@@ -257,7 +292,7 @@ async def one_round(
             (redis_cpu([b]) - redis_cpu([a])) / new_ids * 1e6
             for a, b in zip(info0, info1, strict=True)
         ],
-        set_nx_us=set_nx,
+        set_nx_us=set_nx, paced_set_nx_us=list(pace),
         ids_per_call=[records / max(c, 1) for c in calls],
         bytes_per_mark=[
             (float(b["used_memory"]) - float(a["used_memory"])) / distinct
@@ -266,6 +301,8 @@ async def one_round(
         gateway_us_per_record=(cpu1 - cpu0) / records * 1e6,
         idle_us_per_s=idle, seconds=args.seconds,
         live_slices=SLICES_BACK + 1 if args.fill else 1, fill=args.fill, claim=claim,
+        commands_us={k: round(v, 3) for k, v in sorted(inside.items(), key=lambda kv: -kv[1])
+                     if v > 0.005},
     )  # fmt: skip
 
 
@@ -276,12 +313,14 @@ def show(r: Round) -> None:
         f"{r.new_ids:,} new ids of {r.records:,} records measured; Redis CPU "
         f"per new id per member {', '.join(f'{v:.2f}' for v in r.redis_us_per_new_id)} µs; "
         f"SET NX {', '.join(f'{v:.2f}' for v in r.set_nx_us)} µs; "
-        f"x SET NX {', '.join(f'{v:.2f}' for v in r.ratio)} (less idle: "
+        f"x SET NX {', '.join(f'{v:.2f}' for v in r.ratio)} (at the run's pace: "
+        f"{', '.join(f'{v:.2f}' for v in r.paced_ratio)}; less idle: "
         f"{', '.join(f'{v:.2f}' for v in r.net_ratio)}; idle "
         f"{', '.join(f'{v / 1000:.1f}' for v in r.idle_us_per_s)} ms/s); ids per call "
         f"{', '.join(f'{v:.0f}' for v in r.ids_per_call)}; bytes per mark "
         f"{', '.join(f'{v:.1f}' for v in r.bytes_per_mark)}; gateway CPU "
-        f"{r.gateway_us_per_record:.2f} µs per record"
+        f"{r.gateway_us_per_record:.2f} µs per record; inside commands (first member, µs per "
+        f"new id): {', '.join(f'{k} {v:.2f}' for k, v in list(r.commands_us.items())[:6])}"
     )
 
 
@@ -311,12 +350,14 @@ def summary(args: argparse.Namespace, claim: str, rounds: list[Round]) -> None:
     ratios = [x for r in rounds for x in r.ratio]
     net = [x for r in rounds for x in r.net_ratio]
     alone = [r.alone_ratio for r in rounds]
+    paced = [x for r in rounds for x in r.paced_ratio]
     console.print(
         f"[bold]{claim} claim, median of {len(rounds)} rounds: alone "
         f"{statistics.median(alone):.2f} x SET NX per new id "
         f"({', '.join(f'{v:.2f}' for v in alone)}); through the gateway, x 3 members: "
         f"{statistics.median(ratios):.2f} x SET NX per new id per member "
-        f"({min(ratios):.2f}-{max(ratios):.2f}; less the members' "
+        f"({min(ratios):.2f}-{max(ratios):.2f}; over a SET NX at the run's pace "
+        f"{statistics.median(paced):.2f}; less the members' "
         f"idle CPU {statistics.median(net):.2f}); "
         f"{statistics.median(x for r in rounds for x in r.redis_us_per_new_id):.2f} µs against "
         f"{statistics.median(x for r in rounds for x in r.set_nx_us):.2f}; "
@@ -335,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(
             {"started": started, "args": {k: str(v) for k, v in vars(args).items()},
              "rounds": [{**asdict(r), "ratio": r.ratio, "net_ratio": r.net_ratio,
-                         "alone_ratio": r.alone_ratio} for r in rounds]}, indent=1
+                         "alone_ratio": r.alone_ratio, "paced_ratio": r.paced_ratio}
+                        for r in rounds]}, indent=1
         ))  # fmt: skip
     return 0
 

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.bench_run
 def test_a_small_run_reports_redis_cpu_per_new_id_in_set_nx_units(tmp_path: Path) -> None:
     out = tmp_path / "hu.json"
     argv = ["--rate", "400", "--seconds", "4", "--warmup", "3", "--rounds", "1",
-            "--set-nx", "4000", "--alone", "4000", "--out", str(out)]  # fmt: skip
+            "--set-nx", "4000", "--alone", "4000", "--paced", "2000",
+            "--out", str(out)]  # fmt: skip
     assert host_units.main(argv) == 0
     runs = json.loads(out.read_text())["rounds"]
     assert [run["claim"] for run in runs] == ["lua", "module"]  # both paths, same round
@@ -29,3 +30,5 @@ def test_a_small_run_reports_redis_cpu_per_new_id_in_set_nx_units(tmp_path: Path
         assert min(run["ids_per_call"]) >= 1 and 0 < min(run["bytes_per_mark"]) < 200
         assert run["live_slices"] == SLICES_BACK + 1
         assert run["alone_us"] > 0 and run["alone_set_nx_us"] > 0 and run["alone_ratio"] > 0
+        assert len(run["paced_set_nx_us"]) == 3 and min(run["paced_ratio"]) > 0
+        assert run["commands_us"]  # where the first member's CPU went, by command
