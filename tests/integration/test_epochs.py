@@ -19,6 +19,7 @@ from gateway.config import Settings, load_settings
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.ops.rebuild import rebuild
+from gateway.quorum import native
 from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED
 from gateway.quorum.quorum import Quorum, scripts
 from gateway.raw.pipeline import Pipeline
@@ -30,16 +31,22 @@ Servers = list[ManagedProcess]
 
 
 @pytest.fixture
-async def three(redis_servers: Any) -> AsyncIterator[tuple[Servers, Settings, Quorum]]:
-    """Three fresh redis-servers and a gateway's quorum over them, epochs read."""
-    servers = redis_servers(3)
-    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "2s"})
+async def three(
+    redis_servers: Any, claim_path: str
+) -> AsyncIterator[tuple[Servers, Settings, Quorum]]:
+    """Three fresh redis-servers and a gateway's quorum over them, epochs read; with
+    the Lua claim and with the native one (`claim_path`)."""
+    servers = redis_servers(3, native=claim_path == "module")
+    settings = load_settings(
+        redis={"nodes": redis_urls(servers), "timeout": "2s", "claim": claim_path}
+    )
     quorum = Quorum(settings.redis, Metrics())
     await quorum.check()
     try:
         yield servers, settings, quorum
     finally:
         await quorum.close()
+        assert {m.claim_path for m in quorum.members} <= {"", claim_path}
 
 
 def restart_empty(server: ManagedProcess) -> None:
@@ -156,8 +163,10 @@ async def test_a_fresh_deployment_starts_trusted_and_every_gateway_agrees_on_a_r
         await second.close()
 
 
-async def test_a_claim_that_expects_another_epoch_writes_nothing(redis_servers: Any) -> None:
-    (server,) = redis_servers(1)
+async def test_a_claim_that_expects_another_epoch_writes_nothing(
+    redis_servers: Any, claim_path: str
+) -> None:
+    (server,) = redis_servers(1, native=claim_path == "module")
     async with alone(server) as quorum, aioredis.Redis(port=server.port) as client:
         await quorum.check()
         epoch = quorum.members[0].epoch
@@ -166,9 +175,10 @@ async def test_a_claim_that_expects_another_epoch_writes_nothing(redis_servers: 
         digest = mark_digest(b"m")
 
         async def claim(expected: str, owner: str) -> Any:
-            return await script(
-                keys=[b"dd:slice"], args=[*quorum.layout, expected, 12, digest, owner]
-            )
+            args = [*quorum.layout, expected, 12, digest, owner]
+            if claim_path == "module":
+                return await client.execute_command(native.COMMAND, b"dd:slice", *args)
+            return await script(keys=[b"dd:slice"], args=args)
 
         for expected in ("", "not-" + epoch.id, epoch.id[:-1]):
             assert await claim(expected, "5,") == b"epoch:" + epoch.raw.encode()

@@ -32,10 +32,15 @@ T, U1, U2 = "4000000000000000000", "5000000000000000000", "6000000000000000000"
 
 
 @pytest.fixture
-async def recovering_third(redis_servers: Any) -> AsyncIterator[tuple[Servers, Pipeline]]:
-    """Three members, the third restarted empty: two trusted members decide."""
-    servers = redis_servers(3)
-    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "2s"})
+async def recovering_third(
+    redis_servers: Any, claim_path: str
+) -> AsyncIterator[tuple[Servers, Pipeline]]:
+    """Three members, the third restarted empty: two trusted members decide; with the
+    Lua claim and with the native one (`claim_path`)."""
+    servers = redis_servers(3, native=claim_path == "module")
+    settings = load_settings(
+        redis={"nodes": redis_urls(servers), "timeout": "2s", "claim": claim_path}
+    )
     quorum = Quorum(settings.redis, Metrics())
     await quorum.check()
     await quorum.claim([mark_digest(b"before")], ["1"])  # the members hold marks
@@ -47,6 +52,7 @@ async def recovering_third(redis_servers: Any) -> AsyncIterator[tuple[Servers, P
         yield servers, Pipeline(settings, quorum, None, quorum.metrics)  # type: ignore[arg-type]
     finally:
         await quorum.close()
+        assert {m.claim_path for m in quorum.members} <= {"", claim_path}
 
 
 async def release_on(server: ManagedProcess, digest: bytes, token: str) -> list[list[int | None]]:
@@ -102,8 +108,10 @@ async def test_a_release_redone_after_only_one_member_answered_is_released(
     assert await pipeline.quorum.release([digest], [T]) == [[2], [1], [None]]
 
 
-async def test_a_fill_queued_before_the_release_does_not_undo_it(redis_servers: Any) -> None:
-    (server,) = redis_servers(1)
+async def test_a_fill_queued_before_the_release_does_not_undo_it(
+    redis_servers: Any, claim_path: str
+) -> None:
+    (server,) = redis_servers(1, native=claim_path == "module")  # `alone`: claim = "auto"
     digest = mark_digest(b"id-22")
     async with alone(server) as one:
         assert await one.claim([digest], [T]) == [[1]]
