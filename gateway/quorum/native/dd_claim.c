@@ -501,6 +501,15 @@ static void ledger_close(Ledger *l) {
     l->key = NULL;
 }
 
+/* The reply for a tombstone just claimed over: '=' .. the released token (frees it). */
+static RedisModuleString *claimed_over(Call *c, RedisModuleString *tombstone) {
+    size_t len;
+    const char *p = RedisModule_StringPtrLen(tombstone, &len);
+    RedisModuleString *out = RedisModule_CreateStringPrintf(c->ctx, "=%.*s", (int)(len - 1), p + 1);
+    RedisModule_FreeString(c->ctx, tombstone);
+    return out;
+}
+
 /* claim: 1 when `owner` holds `digest` now, else the reply that says who does;
  * `*added` 1 when a field was added to the current slice. */
 static int claim(Call *c, Slice *slices, size_t n_slices, RedisModuleString *digest,
@@ -533,10 +542,7 @@ static int claim(Call *c, Slice *slices, size_t n_slices, RedisModuleString *dig
         }
         if (released(older) && not_tombstone_of(older, owner, owner_len)) {
             expire(c, l, key, name, index, now);
-            size_t len;
-            const char *p = RedisModule_StringPtrLen(older, &len);
-            out->value = RedisModule_CreateStringPrintf(c->ctx, "=%.*s", (int)(len - 1), p + 1);
-            RedisModule_FreeString(c->ctx, older);
+            out->value = claimed_over(c, older);
             *added = 1;
             goto done;
         }
@@ -555,10 +561,7 @@ static int claim(Call *c, Slice *slices, size_t n_slices, RedisModuleString *dig
             replicate(c, "HSET", "sss", name, digest, owner_s);
             RedisModule_NotifyKeyspaceEvent(c->ctx, REDISMODULE_NOTIFY_HASH, "hset", name);
             expire(c, l, key, name, index, now);
-            size_t len;
-            const char *p = RedisModule_StringPtrLen(held, &len);
-            out->value = RedisModule_CreateStringPrintf(c->ctx, "=%.*s", (int)(len - 1), p + 1);
-            RedisModule_FreeString(c->ctx, held);
+            out->value = claimed_over(c, held);
             goto done;
         }
     }
