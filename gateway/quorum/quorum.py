@@ -262,9 +262,13 @@ class Quorum:
         lua = script.lua if isinstance(script, native.NativeClaim) else script
         inst.scripts["claim"] = native.NativeClaim(inst.client, lua) if path == "module" else lua
         inst.claim_path = path
-        how = "the Lua script" if path == "lua" else f"the native module command {native.COMMAND}"
-        logger.info("Redis member %s: claims run as %s (%s)", inst.name, how, why,
-                    extra={"redis": inst.name, "claim": path})  # fmt: skip
+        extra = {"redis": inst.name, "claim": path}
+        if path == "lua":
+            logger.info("Redis member %s: claims run as the Lua script (%s)", inst.name, why,
+                        extra=extra)  # fmt: skip
+        else:
+            logger.info("Redis member %s: claims run as the native module command DD.CLAIM "
+                        "(%s)", inst.name, why, extra=extra)  # fmt: skip
 
     def _lost_module(self, inst: MemberLink) -> None:
         """A member whose native claim was refused as an unknown command (it restarted
