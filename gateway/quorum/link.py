@@ -73,7 +73,7 @@ class MemberLink:
     down_groups: set[int] = field(default_factory=set)  # groups whose last call failed
     backlog: deque[Fill] = field(default_factory=deque)
     sending: int = 0  # fill calls in flight (taken from the backlog, not yet answered)
-    # Held by a vote's calls to this member (quorum.py, `claim`): claims reach it in order.
+    # Held by a vote's calls to this member (claims.py): claims reach it in order.
     claiming: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     behind: set[str] = field(default_factory=set)  # other runs that noted it behind (behind.py)
     stale: set[str] = field(default_factory=set)  # of those, the runs that stopped

@@ -226,7 +226,7 @@ class Pipeline:
     async def vote(self, ids: Sequence[bytes], owners: Sequence[str]) -> list[Outcome]:
         """Claim every id's mark for its owner on every member, decide on the trusted
         members' answers, repair the marks that differ from the winner, queue the
-        winner's mark for the members that gave no answer (gateway/quorum/quorum.py) and
+        winner's mark for the members that gave no answer (gateway/quorum/repairs.py) and
         note them behind; every outcome RETRY when that note did not stand."""
         if not ids:
             return []

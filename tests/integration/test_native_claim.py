@@ -237,7 +237,7 @@ async def test_auto_uses_the_module_where_loaded_and_lua_elsewhere_and_logs_each
     servers = [*redis_servers(1, native=True), *redis_servers(2)]
     quorum = quorum_for(servers, "auto")
     try:
-        with caplog.at_level(logging.INFO, logger="gateway.quorum.quorum"):
+        with caplog.at_level(logging.INFO, logger="gateway.quorum.claim_path"):
             a, b = mark_digest(b"auto-a"), mark_digest(b"auto-b")
             assert await quorum.claim([a, b, a], ["1", "2", "3"]) == [[MINE, MINE, "1"]] * 3
         assert [m.claim_path for m in quorum.members] == ["module", "lua", "lua"]

@@ -1,5 +1,5 @@
 """Marks written on a bare majority do not stay that way: an instance that gave
-no answer gets the winner's mark later (gateway/quorum/quorum.py "Fill backlog",
+no answer gets the winner's mark later (gateway/quorum/repairs.py, fills.py,
 scripts.FILL), from a bounded queue."""
 
 from __future__ import annotations
