@@ -20,7 +20,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from gateway.cli import main
 from gateway.config import TOPIC_ROLES, ConfigError, load_settings
-from gateway.ops import connect_check, topics
+from gateway.ops import check_kafka, topics
+from gateway.ops.findings import Finding
 from gateway.ops.topics import needed_topics
 
 SEVEN_DAYS_MS = str(7 * 86_400_000)
@@ -85,13 +86,13 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: 
         await asyncio.sleep(0.05)
 
 
-async def _topic_findings(broker: str, config: Path) -> list[connect_check.Finding]:
+async def _topic_findings(broker: str, config: Path) -> list[Finding]:
     """check-config --connect's topic findings (its group findings need a coordinator,
     which a broker that just started may not have yet: not this test's business)."""
     admin = topics.admin_client(load_settings(config).kafka)
     await admin.start()
     try:
-        return await connect_check.topic_findings(admin, load_settings(config))
+        return await check_kafka.topic_findings(admin, load_settings(config))
     finally:
         await admin.close()
 

@@ -121,7 +121,7 @@ def test_topics_creates_the_delay_tiers_with_a_retention_past_the_largest(
 async def _retention(broker: str, topic: str) -> dict[str, str]:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from gateway.ops.connect_check import _topic_configs
+    from gateway.ops.check_kafka import _topic_configs
 
     admin = AIOKafkaAdminClient(bootstrap_servers=broker)
     await admin.start()

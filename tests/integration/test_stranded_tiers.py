@@ -13,7 +13,8 @@ from devtools.harness import Topics, make_settings
 from devtools.topics import create_topics
 from gateway.delay.leftovers import refuse_stranded_tiers
 from gateway.errors import ConfigError
-from gateway.ops.connect_check import Severity, _leftover_findings
+from gateway.ops.check_kafka import _leftover_findings
+from gateway.ops.findings import Severity
 
 
 async def test_a_renamed_clean_topic_with_delay_off_is_refused_while_its_tier_holds_records(
