@@ -119,7 +119,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
         progress.advance(found, fraction)
 
     try:
-        await copy_marks(quorum, target, epoch.id, sources, copied, advance, report.dry_run)
+        await copy_marks(quorum.admin, target, epoch.id, sources, copied, advance, report.dry_run)
     finally:
         report.marks_read, report.written, report.rewritten = (
             copied.marks_read, copied.written, copied.rewritten)  # fmt: skip

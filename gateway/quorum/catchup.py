@@ -31,15 +31,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
 
-from gateway.quorum.behind import ForgetError
+from gateway.metrics import Metrics
+from gateway.quorum.admin import Admin
+from gateway.quorum.behind import Behind, ForgetError
 from gateway.quorum.copy import Copied, CopyError, copy_marks
 from gateway.quorum.keys import EPOCH_TRUSTED
 from gateway.quorum.link import MemberLink, Trust
-
-if TYPE_CHECKING:
-    from gateway.quorum.quorum import Quorum
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +53,15 @@ RETRY_S = 5.0  # after a catch-up that failed
 class CatchUp:
     """The catch-up of members that are behind, one at a time (the quorum's watch starts it)."""
 
-    def __init__(self, quorum: Quorum) -> None:
-        self.q = quorum
+    def __init__(
+        self, members: Sequence[MemberLink], behind: Behind, admin: Admin, metrics: Metrics,
+        refresh_epochs: Callable[[], Awaitable[None]],
+    ) -> None:  # fmt: skip
+        self.members = list(members)
+        self.behind = behind
+        self.admin = admin  # the copy's calls (gateway/quorum/copy.py)
+        self.metrics = metrics
+        self.refresh_epochs = refresh_epochs  # after a catch-up: it is counted again
         self.task: asyncio.Task[None] | None = None
         self.not_before = 0.0  # monotonic: no catch-up starts before (one failed)
 
@@ -63,22 +69,22 @@ class CatchUp:
         """A member to catch up now, if any (and a source to copy from)."""
         if (self.task is not None and not self.task.done()) or time.monotonic() < self.not_before:
             return None
-        for inst in self.q.members:
+        for inst in self.members:
             if self._behind(inst) and self.sources(inst):
                 return inst
         return None
 
     def _behind(self, inst: MemberLink) -> bool:
         kept = inst.epoch is not None and inst.epoch.state == EPOCH_TRUSTED
-        missed = bool(inst.stale) or self.q.behind.lacks(inst.name)
+        missed = bool(inst.stale) or self.behind.lacks(inst.name)
         return inst.up and not inst.paused and kept and inst.trust is Trust.RECOVERING and missed
 
     def sources(self, inst: MemberLink) -> list[MemberLink]:
         """The counted members that hold every mark they were given, as far as this
         run knows: none it holds fills for or dropped some for."""
-        return [s for s in self.q.members
+        return [s for s in self.members
                 if s is not inst and s.up and s.counted and not s.backlog and not s.sending
-                and not self.q.behind.lacks(s.name)]  # fmt: skip
+                and not self.behind.lacks(s.name)]  # fmt: skip
 
     def start(self) -> None:
         """Start catching up the member that is due, if any."""
@@ -91,14 +97,14 @@ class CatchUp:
             await self.run(inst)
         except Exception:  # a bug here must not stop the gateway: logged, tried again later
             self.not_before = time.monotonic() + RETRY_S
-            self.q.metrics.catchups.labels(inst.name, "failed").inc()
+            self.metrics.catchups.labels(inst.name, "failed").inc()
             logger.exception("catching Redis member %s up failed", inst.name,
                              extra={"redis": inst.name})  # fmt: skip
 
     async def run(self, inst: MemberLink) -> bool:
         """Catch `inst` up; whether it was (False: another gateway holds its lease, or
         the copy failed and is tried again later)."""
-        behind, metrics = self.q.behind, self.q.metrics
+        behind, metrics = self.behind, self.metrics
         cut_off = await behind.lease(inst, LEASE_MS)
         if not cut_off:
             return False
@@ -133,7 +139,7 @@ class CatchUp:
 
         metrics.catchup_running.labels(inst.name).set(1)
         try:
-            await copy_marks(self.q, inst, epoch.id, sources, copied, advance)
+            await copy_marks(self.admin, inst, epoch.id, sources, copied, advance)
             if stale:
                 await behind.forget(inst, stale, cut_off)
         except (CopyError, ForgetError) as exc:
@@ -154,7 +160,7 @@ class CatchUp:
             copied.marks_read, ", ".join(s.name for s in sources), copied.written,
             copied.rewritten, copied.already_there, extra={"redis": inst.name},
         )  # fmt: skip
-        await self.q.refresh_epochs()
+        await self.refresh_epochs()
         return True
 
     async def close(self) -> None:

@@ -18,15 +18,12 @@ import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gateway.quorum.admin import Imported
+from gateway.quorum.admin import Admin, Imported
 from gateway.quorum.link import MemberLink
 from gateway.quorum.scripts import SLICES_BACK
 from gateway.rules.vote import leader
-
-if TYPE_CHECKING:
-    from gateway.quorum.quorum import Quorum
 
 # A mark as a source exports it: owner, remaining ms, handover note ('' for none), its ms.
 Exported = tuple[str, int, str, int]
@@ -55,16 +52,16 @@ class Copied:
 
 
 async def copy_marks(
-    quorum: Quorum, target: MemberLink, epoch_id: str, sources: Sequence[MemberLink],
+    admin: Admin, target: MemberLink, epoch_id: str, sources: Sequence[MemberLink],
     copied: Copied, advance: Advance, dry_run: bool = False,
 ) -> None:  # fmt: skip
     """Copy every source's live marks into `target`, whose epoch must stay `epoch_id`."""
     for n in range(len(sources)):
-        await _copy_from(quorum, target, epoch_id, sources, n, copied, advance, dry_run)
+        await _copy_from(admin, target, epoch_id, sources, n, copied, advance, dry_run)
 
 
 async def _copy_from(
-    quorum: Quorum, target: MemberLink, epoch_id: str, sources: Sequence[MemberLink], n: int,
+    admin: Admin, target: MemberLink, epoch_id: str, sources: Sequence[MemberLink], n: int,
     copied: Copied, advance: Advance, dry_run: bool,
 ) -> None:  # fmt: skip
     """Copy the marks sources[n] holds and no earlier source holds, group by group
@@ -75,7 +72,7 @@ async def _copy_from(
         cursor: list[Any] = ["start", 0]
         slices_seen, buckets = 0, max(1, int(src.groups[group].layout[-1]))
         while True:
-            reply = await quorum.export(src, group, cursor, EXPORT_BUDGET)
+            reply = await admin.export(src, group, cursor, EXPORT_BUDGET)
             if reply is None:
                 raise CopyError(f"source {src.name} stopped answering")
             done, next_slice, next_shard, *flat = reply
@@ -83,7 +80,7 @@ async def _copy_from(
                                int(flat[i + 4]))
                      for i in range(0, len(flat), 5)}  # fmt: skip
             if found:
-                await _copy_found(quorum, target, epoch_id, found, others, sources[:n], copied,
+                await _copy_found(admin, target, epoch_id, found, others, sources[:n], copied,
                                   dry_run)  # fmt: skip
             # How far: slices of a group are read newest first, each shard by shard
             # (an estimate: the live slices are about SLICES_BACK + 1).
@@ -98,11 +95,11 @@ async def _copy_from(
 
 
 async def _copy_found(
-    quorum: Quorum, target: MemberLink, epoch_id: str, found: dict[bytes, Exported],
+    admin: Admin, target: MemberLink, epoch_id: str, found: dict[bytes, Exported],
     others: Sequence[MemberLink], earlier: Sequence[MemberLink], copied: Copied, dry_run: bool,
 ) -> None:  # fmt: skip
     digests = list(found)
-    views = await asyncio.gather(*(lookup(quorum, o, digests) for o in others))
+    views = await asyncio.gather(*(lookup(admin, o, digests) for o in others))
     picks: list[Imported] = []
     for j, digest in enumerate(digests):
         owner, left, note, note_left = found[digest]
@@ -126,14 +123,14 @@ async def _copy_found(
         picks.append((digest, winner, lifetime[winner], *kept))
     copied.marks_read += len(picks)
     if dry_run:
-        there_now = await lookup(quorum, target, [pick[0] for pick in picks])
+        there_now = await lookup(admin, target, [pick[0] for pick in picks])
         for pick, (there, _) in zip(picks, there_now, strict=True):
             winner = pick[1]
             _count(copied, 0 if there == winner else 1 if there is None else 2)
         return
     if not picks:
         return
-    reply = await quorum.import_marks(target, epoch_id, picks)
+    reply = await admin.import_marks(target, epoch_id, picks)
     if reply is None:
         raise CopyError(f"{target.name} stopped answering")
     if isinstance(reply, str):  # its epoch changed: it lost its data again
@@ -143,12 +140,12 @@ async def _copy_found(
 
 
 async def lookup(
-    quorum: Quorum, inst: MemberLink, digests: list[bytes]
+    admin: Admin, inst: MemberLink, digests: list[bytes]
 ) -> list[tuple[str | None, int]]:
     """Per digest, the owner `inst` holds (None: absent) and its remaining ms."""
     if not digests:
         return []
-    reply = await quorum.lookup(inst, digests)
+    reply = await admin.lookup(inst, digests)
     if reply is None:
         raise CopyError(f"{inst.name} stopped answering")
     return [(owner.decode() or None, int(left)) for owner, left in reply]

@@ -107,7 +107,6 @@ class Quorum:
         self._cluster = ClusterTransport(self.epochs.refused)
         self.fills = Fills(self._via, settings.repair_backlog, metrics, self.behind.dropped,
                            self.epochs.lacks)  # fmt: skip
-        self.catch_up = CatchUp(self)
         self.claim_paths = ClaimPaths(settings.claim, self.timeout)
         self.claims = Claims(self.members, self._via, self.epochs, self.fills, self.behind,
                              self.claim_paths)  # fmt: skip
@@ -116,13 +115,12 @@ class Quorum:
         self.start_up = MajorityWait(self.members, self.majority, self.timeout,
                                      self.refresh_epochs, self.claim_paths.choose)  # fmt: skip
         # The parts that take values: callers hold the one they use (quorum.windows,
-        # quorum.admin); gateway/quorum/copy.py still asks these three through here.
+        # quorum.admin).
         self.calls = Calls(self.members, self._via, self.epochs, self.refresh_epochs)
         self.windows = Windows(self.calls)
         self.admin = Admin(self.calls)
-        self.lookup = self.admin.lookup
-        self.export = self.admin.export
-        self.import_marks = self.admin.import_marks
+        self.catch_up = CatchUp(self.members, self.behind, self.admin, metrics,
+                                self.refresh_epochs)  # fmt: skip
         metrics.quorum_size.set(self.majority)
 
     def _via(self, inst: MemberLink) -> Transport:

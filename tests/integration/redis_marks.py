@@ -33,7 +33,7 @@ async def owners_on(server: ManagedProcess, digests: Sequence[bytes]) -> list[st
         out: list[str | None] = []
         for a in range(0, len(digests), 2000):
             chunk = digests[a : a + 2000]
-            reply = await quorum.lookup(quorum.members[0], chunk)
+            reply = await quorum.admin.lookup(quorum.members[0], chunk)
             assert reply is not None, f"{server.name} does not answer"
             out.extend(owner.decode() or None for owner, _ in reply)
         return out

@@ -171,7 +171,7 @@ async def test_a_rebuild_after_ttl_was_lowered_keeps_each_copy_s_remaining_life(
                              dry_run=False, output="json")  # fmt: skip
     assert code == 0
     async with alone(servers[1], ttl="10s", timeout="5s") as target:
-        reply = await target.lookup(target.members[0], [digest])
+        reply = await target.admin.lookup(target.members[0], [digest])
         assert reply is not None
         ((owner, left),) = reply
     assert owner == b"11"

@@ -55,7 +55,7 @@ async def owners_on(
     quorum = cluster_quorum(cluster, **redis)
     try:
         await quorum.refresh_epochs()
-        found = await quorum.lookup(quorum.members[0], [mark_digest(i.encode()) for i in ids])
+        found = await quorum.admin.lookup(quorum.members[0], [mark_digest(i.encode()) for i in ids])
     finally:
         await quorum.close()
     assert found is not None, "the cluster member does not answer"
@@ -340,7 +340,7 @@ async def test_every_script_runs_on_a_cluster_member_within_its_groups(redis_clu
         assert await quorum.windows.coalesce_close(digests[:4], [1000] * 4) == [
             [(v, 1, 1000) for v in ("1", "2", "3", "4")]
         ]
-        found = await quorum.lookup(quorum.members[0], digests[100:103])
+        found = await quorum.admin.lookup(quorum.members[0], digests[100:103])
         assert found is not None and [o for o, _ in found] == [b"101", b"102", b"103"]
         assert not quorum.members[0].down_groups
     finally:

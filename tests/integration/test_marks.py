@@ -352,7 +352,7 @@ async def test_a_rebuild_import_splits_the_buckets_it_fills(quorum_on: QuorumFac
     marks += [(d, "5", day - 2000, "-", 0) for d in older]  # into the slice before
     for start in range(0, len(marks), 500):
         chunk = marks[start : start + 500]
-        assert await quorum.import_marks(inst, inst.epoch.id, chunk) == [1] * len(chunk)
+        assert await quorum.admin.import_marks(inst, inst.epoch.id, chunk) == [1] * len(chunk)
     for slice_id in (1, 0):
         keys = await redis.keys(f"dd:m:{slice_id}:*")
         sizes = [await redis.hlen(key) for key in keys]
