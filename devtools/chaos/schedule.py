@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-# gateway/failures/fetch_back.py: RawFetcher.fetch gives a raw record up as gone after 10 s.
+# gateway/kafka/read_back.py: RawFetcher.fetch gives a raw record up as gone after 10 s.
 RAW_FETCH_DEADLINE_S = 10.0
 SHORT_SESSION_S = 2.0  # kills are noticed fast; a broker stop outlives every session
 LONG_SESSION_S = 20.0  # a broker stop past the raw-fetch deadline outlives no session

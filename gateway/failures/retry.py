@@ -45,7 +45,6 @@ from gateway.contract.records import (
 )
 from gateway.contract.tokens import dead_token, mark_digest, owner_token
 from gateway.errors import BadRecord, RawFetchError
-from gateway.failures.fetch_back import Absent, RawFetcher
 from gateway.failures.loop import (
     CommandPartition,
     Valid,
@@ -56,6 +55,7 @@ from gateway.failures.loop import (
 )
 from gateway.kafka.due import DueQueue
 from gateway.kafka.offsets import OffsetBook
+from gateway.kafka.read_back import Absent, RawFetcher
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum

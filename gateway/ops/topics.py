@@ -27,7 +27,7 @@ from gateway.rules.tiers import tier_topic
 logger = logging.getLogger(__name__)
 
 # Long enough for a weekend outage of whatever reads a topic, and for the failure
-# loop to re-fetch a raw record whose processing failed (gateway/failures/fetch_back.py).
+# loop to re-fetch a raw record whose processing failed (gateway/kafka/read_back.py).
 RETENTION = timedelta(days=7)
 DEFAULT_PARTITIONS = 6
 # Records are deleted by age, never compacted: the failure loop re-reads raw records

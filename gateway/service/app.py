@@ -27,7 +27,6 @@ from gateway.delay.leftovers import leftover_tiers, refuse_stranded_tiers
 from gateway.delay.loop import DelayLoop
 from gateway.delay.router import Router
 from gateway.errors import ConfigError
-from gateway.failures.fetch_back import RawFetcher
 from gateway.failures.loop import CommandPartition, FailureLoop, FailureMode
 from gateway.failures.release import Releases
 from gateway.failures.retry import Retries
@@ -40,6 +39,7 @@ from gateway.kafka.clients import (
 )
 from gateway.kafka.exactly_once import Transactions
 from gateway.kafka.offsets import OffsetBook
+from gateway.kafka.read_back import RawFetcher
 from gateway.kafka.sink import Sink
 from gateway.kafka.startup_wait import wait_for_broker
 from gateway.kafka.transactions import transactions_unsupported

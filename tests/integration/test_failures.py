@@ -27,8 +27,8 @@ from devtools.localstack import free_port, kafka_broker
 from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.contract.tokens import mark_digest
-from gateway.failures.fetch_back import RawFetcher
 from gateway.kafka.clients import build_consumer, build_producer
+from gateway.kafka.read_back import RawFetcher
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics, total
 from gateway.quorum.quorum import Quorum

@@ -28,9 +28,9 @@ from devtools.harness import (
 from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.contract.records import H_DELIVER_AT, H_ID, H_TIER_AT
 from gateway.delay.coalescer import now_ms
-from gateway.failures.fetch_back import RawFetcher
 from gateway.kafka import salvage as salvage_module
 from gateway.kafka.clients import build_consumer, build_producer
+from gateway.kafka.read_back import RawFetcher
 from gateway.kafka.salvage import EMPTY_WAIT_S, Fetched, Salvage
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics

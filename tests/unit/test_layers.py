@@ -236,3 +236,62 @@ def test_a_cycle_under_type_checking_is_seen(tmp_path: Path):
     graph = import_graph([("p.one", one), ("p.two", two)])
     assert cycles(graph) == [{"p.one", "p.two"}]
     assert cycles(import_graph([("p.one", one), ("p.two", two)], type_checking=False)) == []
+
+
+# The delay and failure loops are steps on the one consumer loop (gateway/kafka/loop.py):
+# neither package fetches, gets past an unparseable record or commits on its own.
+# `inspect`'s scan of the tiers (an operator's one-off read, no group) is the exception.
+STEPS_ONLY = ("delay", "failures")
+STEPS_ONLY_EXCEPT = {"gateway.delay.scan"}
+OWN_LOOP_TEXT = ("getmany(", "except UnicodeDecodeError")
+# Kafka calls that commit; `self.commits.commit(...)` is the shared path (kafka/loop.py).
+COMMIT_CALLS = {"commit", "commit_transaction", "send_offsets_to_transaction", "begin_transaction"}
+
+
+def own_loop_parts(path: Path) -> list[str]:
+    """What in `path` fetches, salvages or commits on its own, as (line: what)."""
+    text = path.read_text()
+    found = [f"{n}: {s}" for n, line in enumerate(text.splitlines(), 1)
+             for s in OWN_LOOP_TEXT if s in line]  # fmt: skip
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.strip("_") in (
+            "commit",
+            "salvage",
+        ):
+            found.append(f"{node.lineno}: def {node.name}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in COMMIT_CALLS
+            and not (
+                isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "commits"
+            )
+        ):
+            found.append(f"{node.lineno}: .{node.func.attr}(")
+    return sorted(found, key=lambda f: int(f.split(":")[0]))
+
+
+def test_the_delay_and_failure_loops_do_not_fetch_salvage_or_commit_on_their_own():
+    checked = [(m, p) for m, p in MODULES
+               if unit_of(m) in STEPS_ONLY and m not in STEPS_ONLY_EXCEPT]  # fmt: skip
+    assert {unit_of(m) for m, _ in checked} == set(STEPS_ONLY)
+    found = {m: own_loop_parts(p) for m, p in checked}
+    assert {m: parts for m, parts in found.items() if parts} == {}
+    assert own_loop_parts(PACKAGE / "delay" / "scan.py")  # the exception is one indeed
+
+
+def test_a_loop_of_its_own_is_seen(tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "async def run(self):\n"
+        "    try:\n"
+        "        batch = await self.consumer.getmany(timeout_ms=1)\n"
+        "    except UnicodeDecodeError:\n"
+        "        pass\n"
+        "    await self.commits.commit({})\n"
+        "    await self.consumer.commit({})\n"
+        "async def _commit(self): ...\n"
+    )
+    assert own_loop_parts(probe) == [
+        "3: getmany(", "4: except UnicodeDecodeError", "7: .commit(", "8: def _commit",
+    ]  # fmt: skip

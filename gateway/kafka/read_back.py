@@ -1,4 +1,9 @@
-"""Read a raw record back by its coordinates, for a retry or a dead letter."""
+"""Read a raw record back by its coordinates, for a retry or a dead letter.
+
+A Kafka client's job, apart from the failure loop that asks for it
+(gateway/failures/retry.py): the fetch, the lenient read of a record whose header
+name is not UTF-8 (gateway/kafka/salvage.py), and what the broker's answer means
+when there is no record there (`Absent`)."""
 
 from __future__ import annotations
 
@@ -9,10 +14,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
-from gateway.contract.records import (
-    Record,
-    source_ref,
-)
+from gateway.contract.records import Record, source_ref
 from gateway.errors import RawFetchError
 from gateway.kafka.salvage import read_leniently
 
