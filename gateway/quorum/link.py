@@ -41,14 +41,32 @@ class Trust(enum.Enum):
     """Whether a member's answers count in votes (gateway/quorum/epochs.py decides).
 
     NEW -> UNKNOWN | RECOVERING | TRUSTED as its epoch is read; RECOVERING ->
-    TRUSTED after a rebuild or a whole mark lifetime; any -> UNKNOWN when a
-    script finds another epoch than the one read (it lost its data since), until
-    the epochs are read again."""
+    TRUSTED after a rebuild, a catch-up or a whole mark lifetime; TRUSTED ->
+    RECOVERING when it lost its data (a new epoch) or missed marks (behind); any
+    -> UNKNOWN when a script finds another epoch than the one read (it lost its
+    data since), until the epochs are read again. Never back to NEW
+    (`TRUST_MOVES`, checked by `MemberLink.set_trust`)."""
 
     NEW = ""  # not read yet
     UNKNOWN = "unknown"  # no epoch known: nothing is sent that needs one
     RECOVERING = "recovering"  # it lost its data: answers, but is not counted
     TRUSTED = "trusted"
+
+
+# The moves a member's trust may make, from -> to (staying is a move too: every epoch
+# read decides it again). UNKNOWN is the trust of a member whose epoch is not known,
+# and only of one: RECOVERING and TRUSTED are decided from an epoch.
+TRUST_MOVES: dict[Trust, frozenset[Trust]] = {
+    Trust.NEW: frozenset({Trust.UNKNOWN, Trust.RECOVERING, Trust.TRUSTED}),
+    Trust.UNKNOWN: frozenset({Trust.UNKNOWN, Trust.RECOVERING, Trust.TRUSTED}),
+    Trust.RECOVERING: frozenset({Trust.RECOVERING, Trust.TRUSTED, Trust.UNKNOWN}),
+    Trust.TRUSTED: frozenset({Trust.TRUSTED, Trust.RECOVERING, Trust.UNKNOWN}),
+}
+
+
+class IllegalTrustMove(RuntimeError):
+    """A move of a member's trust that `TRUST_MOVES` does not allow: a bug in what
+    decides it (gateway/quorum/epochs.py), never an outage."""
 
 
 @dataclass
@@ -99,6 +117,17 @@ class MemberLink:
         return self.trusted and not self.paused
 
     def set_trust(self, trust: Trust) -> None:
+        """Move its trust (gateway/quorum/epochs.py decides). A move `TRUST_MOVES` does
+        not allow, or UNKNOWN with an epoch known (or another trust without one), is a
+        bug: raised, not logged and refused, because refusing would keep a trust its
+        epoch no longer supports (a member that lost its data counted in votes), and the
+        gateway stops loudly instead (as on any bug in the watch or a loop)."""
+        if trust not in TRUST_MOVES[self.trust] or (trust is Trust.UNKNOWN) != (self.epoch is None):
+            known = "no epoch known" if self.epoch is None else f"epoch {self.epoch.raw}"
+            raise IllegalTrustMove(
+                f"Redis member {self.name}: trust {self.trust.name} -> {trust.name} is not a "
+                f"legal move ({known})"
+            )
         self.trust = trust
         self.metrics.redis_recovering.labels(self.name).set(0 if self.trusted else 1)
         self.on_health()
