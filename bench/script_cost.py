@@ -107,10 +107,10 @@ class Gathered(Transport):
     """Each chunk its own call, all at once: the pool opens a connection per chunk."""
 
     async def run(
-        self, inst: MemberLink, what: str, calls: Any, group: int = 0
+        self, member: MemberLink, what: str, calls: Any, group: int = 0
     ) -> list[Any | None]:
         return list(await asyncio.gather(
-            *(inst.timed(what, partial(inst.scripts[name], keys=keys, args=args))
+            *(member.timed(what, partial(member.scripts[name], keys=keys, args=args))
               for name, keys, args in calls)
         ))  # fmt: skip
 
@@ -119,19 +119,19 @@ class Sequential(Transport):
     """Each chunk its own call, one after another."""
 
     async def run(
-        self, inst: MemberLink, what: str, calls: Any, group: int = 0
+        self, member: MemberLink, what: str, calls: Any, group: int = 0
     ) -> list[Any | None]:
-        return [await inst.timed(what, partial(inst.scripts[name], keys=keys, args=args))
+        return [await member.timed(what, partial(member.scripts[name], keys=keys, args=args))
                 for name, keys, args in calls]  # fmt: skip
 
 
 class OneCall(Transport):
     """The whole batch in one call, as before chunks."""
 
-    async def grouped(self, inst: MemberLink, what: str, digests: Any, plan: Any) -> Any:
+    async def grouped(self, member: MemberLink, what: str, digests: Any, plan: Any) -> Any:
         chunk, sizing.CHUNK_DIGESTS = sizing.CHUNK_DIGESTS, len(digests)
         try:
-            return await super().grouped(inst, what, digests, plan)
+            return await super().grouped(member, what, digests, plan)
         finally:
             sizing.CHUNK_DIGESTS = chunk
 
@@ -148,8 +148,8 @@ async def server_stats(quorum: Quorum) -> Stats:
     """Per instance: EVALSHA calls and usec since CONFIG RESETSTAT, the server's CPU
     seconds, and the upper bound (usec) of the slowest EVALSHA's histogram bucket."""
     out = []
-    for inst in quorum.members:
-        client = inst.client
+    for member in quorum.members:
+        client = member.client
         assert isinstance(client, aioredis.Redis), "standalone members only"
         stats: dict[str, Any] = await client.info("commandstats")
         row = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
@@ -197,17 +197,17 @@ async def measure_cost(args: argparse.Namespace, settings: Settings) -> Measured
         await quorum.check()  # first contact: the instances' epochs
         if args.fill:
             ttl_ms = int(settings.redis.ttl.total_seconds() * 1000)
-            for inst in quorum.members:
-                assert isinstance(inst.client, aioredis.Redis), "standalone members only"
-                await fill_older(inst.client, quorum.prefix, args.buckets, args.fill, ttl_ms)
+            for member in quorum.members:
+                assert isinstance(member.client, aioredis.Redis), "standalone members only"
+                await fill_older(member.client, quorum.prefix, args.buckets, args.fill, ttl_ms)
         if args.warm:
             warm = [mark_digest(f"warm-{i}".encode()) for i in range(args.warm)]
             await claim_all(quorum, warm, args.batch, "warm")
         copies = int(args.digests * args.duplicates)
         ids = [mark_digest(f"id-{i}".encode()) for i in range(args.digests - copies)]
         ids += ids[:copies]
-        for inst in quorum.members:
-            await inst.client.config_resetstat()
+        for member in quorum.members:
+            await member.client.config_resetstat()
         before = await server_stats(quorum)
         t0, cpu0 = time.perf_counter(), time.process_time()
         await claim_all(quorum, ids, args.batch, "run")
@@ -267,8 +267,8 @@ async def compare_sending(args: argparse.Namespace, settings: Settings) -> None:
         for name, cls in SENDING.items():
             quorum = Quorum(settings.redis, Metrics(), transport=cls)
             try:
-                for inst in quorum.members:
-                    await inst.client.flushall()
+                for member in quorum.members:
+                    await member.client.flushall()
                 await quorum.check()
                 ids = [mark_digest(f"{round_no}-{name}-{i}".encode()) for i in range(args.digests)]
                 t0, cpu0 = time.perf_counter(), time.process_time()

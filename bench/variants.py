@@ -146,9 +146,9 @@ class NaiveQuorum(Quorum):
     async def claim(self, digests: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
         replies: list[list[Reply]] = [[] for _ in self.members]
         for digest, owner in zip(digests, owners, strict=True):
-            for inst, answers in zip(self.members, replies, strict=True):
+            for member, answers in zip(self.members, replies, strict=True):
                 key = self.prefix + digest  # a key per mark
-                was_set = await inst.client.set(key, owner, nx=True, px=self.ttl_ms)
+                was_set = await member.client.set(key, owner, nx=True, px=self.ttl_ms)
                 answers.append(MINE if was_set else TAKEN)
         return replies
 

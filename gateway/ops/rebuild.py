@@ -87,7 +87,7 @@ async def rebuild(
 
 
 async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress: Progress) -> int:
-    names = [inst.name for inst in quorum.members]
+    names = [member.name for member in quorum.members]
     await quorum.refresh_epochs()  # command_quorum: as patient as a first contact
     target = _named(quorum, report.member)
     if target is None:
@@ -160,7 +160,7 @@ def _from_hint(quorum: Quorum, target: MemberLink) -> str:
 
 
 def _named(quorum: Quorum, name: str) -> MemberLink | None:
-    return next((inst for inst in quorum.members if inst.name == name), None)
+    return next((member for member in quorum.members if member.name == name), None)
 
 
 def _print(report: Report, output: Literal["text", "json"]) -> None:

@@ -51,50 +51,52 @@ class Admin:
     async def inspect(self, digest: bytes) -> list[MarkView | None]:
         """Per member, the mark and its bucket (owner None when absent); None if down."""
 
-        async def one(inst: MemberLink) -> MarkView | None:
-            n = self.group_index(inst, digest)
-            group = inst.groups[n]
-            found = await self.calls.run_script(inst, "inspect", [*group.layout, digest], group=n)
+        async def one(member: MemberLink) -> MarkView | None:
+            n = self.group_index(member, digest)
+            group = member.groups[n]
+            found = await self.calls.run_script(member, "inspect", [*group.layout, digest], group=n)
             if found is None:
                 return None
             key = handover_key(group.prefix, digest)
-            handed = await inst.timed("inspect", partial(inst.client.get, key), group=n)
+            handed = await member.timed("inspect", partial(member.client.get, key), group=n)
             by = handed.decode() if isinstance(handed, bytes) else None
             if not found:
                 return MarkView(None, -2, None, by)
             owner, ttl, encoding = found
             return MarkView(owner.decode(), int(ttl), encoding.decode(), by)
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.calls.members)))
+        return list(await asyncio.gather(*(one(member) for member in self.calls.members)))
 
-    async def lookup(self, inst: MemberLink, digests: Sequence[bytes]) -> list[Any] | None:
-        """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `inst`;
+    async def lookup(self, member: MemberLink, digests: Sequence[bytes]) -> list[Any] | None:
+        """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `member`;
         None when a call got no answer."""
         if not digests:
             return []
         width = len(digests[0])
         return await self.calls.in_chunks(
-            inst, "lookup", digests,
+            member, "lookup", digests,
             lambda items: [width, b"".join(digests[k] for k in items)], width=2,
         )  # fmt: skip
 
-    async def export(self, inst: MemberLink, group: int, cursor: list[Any], budget: int) -> Any:
-        """One call of scripts.EXPORT on one group of `inst`; None for no answer."""
-        layout = inst.groups[group].layout
-        return await self.calls.run_script(inst, "export", [*layout, *cursor, budget], group=group)
+    async def export(self, member: MemberLink, group: int, cursor: list[Any], budget: int) -> Any:
+        """One call of scripts.EXPORT on one group of `member`; None for no answer."""
+        layout = member.groups[group].layout
+        return await self.calls.run_script(
+            member, "export", [*layout, *cursor, budget], group=group
+        )
 
     async def import_marks(
-        self, inst: MemberLink, epoch_id: str, marks: Sequence[Imported]
+        self, member: MemberLink, epoch_id: str, marks: Sequence[Imported]
     ) -> list[int] | str | None:
         """Write (digest, owner, remaining ms, handover note, its remaining ms) marks
-        into `inst` (scripts.IMPORT; note '-': none, '?': keep the member's): per mark
+        into `member` (scripts.IMPORT; note '-': none, '?': keep the member's): per mark
         0 there already, 1 written, 2
         rewritten; 'epoch' when its epoch changed (it lost its data again); None for no
         answer."""
         digests = [mark[0] for mark in marks]
         width = len(digests[0])
         flat = await self.calls.in_chunks(
-            inst, "import", digests,
+            member, "import", digests,
             lambda items: [epoch_id, width, b"".join(digests[k] for k in items),
                            "".join(f"{marks[k][1]}," for k in items),
                            "".join(f"{marks[k][2]}," for k in items),
@@ -103,16 +105,16 @@ class Admin:
             width=1,
         )  # fmt: skip
         if flat is None:
-            return "epoch" if inst.epoch is None else None
+            return "epoch" if member.epoch is None else None
         return [int(result[0]) for result in flat]
 
-    async def pause(self, inst: MemberLink, paused: bool) -> bool:
-        """Set or clear `inst`'s pause flag on every group; whether every group answered."""
+    async def pause(self, member: MemberLink, paused: bool) -> bool:
+        """Set or clear `member`'s pause flag on every group; whether every group answered."""
         done = await asyncio.gather(
-            *(self.calls.run_script(inst, "pause", [g.prefix, "1" if paused else "0"], group=n)
-              for n, g in enumerate(inst.groups))
+            *(self.calls.run_script(member, "pause", [g.prefix, "1" if paused else "0"], group=n)
+              for n, g in enumerate(member.groups))
         )  # fmt: skip
         return all(d is not None for d in done)
 
-    def group_index(self, inst: MemberLink, digest: bytes) -> int:
-        return 0 if not inst.cluster else group_of(digest, len(inst.groups))
+    def group_index(self, member: MemberLink, digest: bytes) -> int:
+        return 0 if not member.cluster else group_of(digest, len(member.groups))

@@ -42,18 +42,18 @@ class Calls:
             await self.refresh_epochs()
 
     async def run_script(
-        self, inst: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
+        self, member: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
         group: int = 0,
     ) -> Any | None:  # fmt: skip
-        """One call of script `name` on one group of `inst`; None for no answer."""
-        return await self.via(inst).run_script(inst, name, args, bound_s, group)
+        """One call of script `name` on one group of `member`; None for no answer."""
+        return await self.via(member).run_script(member, name, args, bound_s, group)
 
     async def in_chunks(
-        self, inst: MemberLink, script: str, digests: Sequence[bytes],
+        self, member: MemberLink, script: str, digests: Sequence[bytes],
         args_of: Callable[[Sequence[int]], list[Any]], width: int,
     ) -> list[Any] | None:  # fmt: skip
-        """`script` on `inst` over `digests` in chunks (gateway/quorum/transport.py)."""
-        return await self.via(inst).in_chunks(inst, script, digests, args_of, width)
+        """`script` on `member` over `digests` in chunks (gateway/quorum/transport.py)."""
+        return await self.via(member).in_chunks(member, script, digests, args_of, width)
 
     async def per_item_on_counted(
         self, what: str, digests: Sequence[bytes],
@@ -65,17 +65,17 @@ class Calls:
         and a member whose epoch is not known is not called (a script that writes needs it)."""
         await self.epochs_known()
 
-        async def one(inst: MemberLink) -> list[int | None]:
+        async def one(member: MemberLink) -> list[int | None]:
             out: list[int | None] = [None] * len(digests)
-            if needs_epoch and (inst.epoch is None or inst.paused):
+            if needs_epoch and (member.epoch is None or member.paused):
                 return out
-            planner = partial(plan, inst.epoch.id) if needs_epoch and inst.epoch else plan
-            for positions, result in await self.via(inst).grouped(inst, what, digests, planner):
+            planner = partial(plan, member.epoch.id) if needs_epoch and member.epoch else plan
+            for positions, result in await self.via(member).grouped(member, what, digests, planner):
                 if result is not None:
                     place(out, positions, [int(x) for x in result] if isinstance(result, list)
                            else [int(result)])  # fmt: skip
-            if not inst.trusted or inst.paused:
+            if not member.trusted or member.paused:
                 return [None] * len(digests)
             return out
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.members)))
+        return list(await asyncio.gather(*(one(member) for member in self.members)))

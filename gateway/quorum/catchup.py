@@ -69,50 +69,52 @@ class CatchUp:
         """A member to catch up now, if any (and a source to copy from)."""
         if (self.task is not None and not self.task.done()) or time.monotonic() < self.not_before:
             return None
-        for inst in self.members:
-            if self._behind(inst) and self.sources(inst):
-                return inst
+        for member in self.members:
+            if self._behind(member) and self.sources(member):
+                return member
         return None
 
-    def _behind(self, inst: MemberLink) -> bool:
-        kept = inst.epoch is not None and inst.epoch.state == EPOCH_TRUSTED
-        missed = bool(inst.stale) or self.behind.lacks(inst.name)
-        return inst.up and not inst.paused and kept and inst.trust is Trust.RECOVERING and missed
+    def _behind(self, member: MemberLink) -> bool:
+        kept = member.epoch is not None and member.epoch.state == EPOCH_TRUSTED
+        missed = bool(member.stale) or self.behind.lacks(member.name)
+        return (
+            member.up and not member.paused and kept and member.trust is Trust.RECOVERING and missed
+        )
 
-    def sources(self, inst: MemberLink) -> list[MemberLink]:
+    def sources(self, member: MemberLink) -> list[MemberLink]:
         """The counted members that hold every mark they were given, as far as this
         run knows: none it holds fills for or dropped some for."""
         return [s for s in self.members
-                if s is not inst and s.up and s.counted and not s.backlog and not s.sending
+                if s is not member and s.up and s.counted and not s.backlog and not s.sending
                 and not self.behind.lacks(s.name)]  # fmt: skip
 
     def start(self) -> None:
         """Start catching up the member that is due, if any."""
-        inst = self.due()
-        if inst is not None:
-            self.task = asyncio.create_task(self._guarded(inst), name=f"catch-up {inst.name}")
+        member = self.due()
+        if member is not None:
+            self.task = asyncio.create_task(self._guarded(member), name=f"catch-up {member.name}")
 
-    async def _guarded(self, inst: MemberLink) -> None:
+    async def _guarded(self, member: MemberLink) -> None:
         try:
-            await self.run(inst)
+            await self.run(member)
         except Exception:  # a bug here must not stop the gateway: logged, tried again later
             self.not_before = time.monotonic() + RETRY_S
-            self.metrics.catchups.labels(inst.name, "failed").inc()
-            logger.exception("catching Redis member %s up failed", inst.name,
-                             extra={"redis": inst.name})  # fmt: skip
+            self.metrics.catchups.labels(member.name, "failed").inc()
+            logger.exception("catching Redis member %s up failed", member.name,
+                             extra={"redis": member.name})  # fmt: skip
 
-    async def run(self, inst: MemberLink) -> bool:
-        """Catch `inst` up; whether it was (False: another gateway holds its lease, or
+    async def run(self, member: MemberLink) -> bool:
+        """Catch `member` up; whether it was (False: another gateway holds its lease, or
         the copy failed and is tried again later)."""
         behind, metrics = self.behind, self.metrics
-        cut_off = await behind.lease(inst, LEASE_MS)
+        cut_off = await behind.lease(member, LEASE_MS)
         if not cut_off:
             return False
-        stale, dropped_at = sorted(inst.stale), behind.dropped.get(inst.name)
-        sources = self.sources(inst)
-        epoch = inst.epoch
+        stale, dropped_at = sorted(member.stale), behind.dropped.get(member.name)
+        sources = self.sources(member)
+        epoch = member.epoch
         if epoch is None or not sources:
-            await behind.unlease(inst)
+            await behind.unlease(member)
             return False
         started = time.monotonic()
         copied = Copied()
@@ -121,44 +123,44 @@ class CatchUp:
                else "this gateway run dropped fills for it")  # fmt: skip
         logger.warning(
             "Redis member %s is behind (%s): catching it up from %s, at most %d marks/s",
-            inst.name, why, ", ".join(s.name for s in sources), MARKS_PER_S,
-            extra={"redis": inst.name},
+            member.name, why, ", ".join(s.name for s in sources), MARKS_PER_S,
+            extra={"redis": member.name},
         )  # fmt: skip
 
         async def advance(found: int, fraction: float) -> None:
-            metrics.catchup_marks.labels(inst.name).inc(found)
+            metrics.catchup_marks.labels(member.name).inc(found)
             now = time.monotonic()
             if now - logged[0] >= LOG_EVERY_S:
                 logged[0] = now
                 logger.info("catching Redis member %s up: %d marks read, about %d%% done",
-                            inst.name, copied.marks_read, fraction * 100,
-                            extra={"redis": inst.name})  # fmt: skip
+                            member.name, copied.marks_read, fraction * 100,
+                            extra={"redis": member.name})  # fmt: skip
             await asyncio.sleep(found / MARKS_PER_S)
-            if not await behind.lease(inst, LEASE_MS):
+            if not await behind.lease(member, LEASE_MS):
                 raise CopyError("its lease was lost (another gateway took it over?)")
 
-        metrics.catchup_running.labels(inst.name).set(1)
+        metrics.catchup_running.labels(member.name).set(1)
         try:
-            await copy_marks(self.admin, inst, epoch.id, sources, copied, advance)
+            await copy_marks(self.admin, member, epoch.id, sources, copied, advance)
             if stale:
-                await behind.forget(inst, stale, cut_off)
+                await behind.forget(member, stale, cut_off)
         except (CopyError, ForgetError) as exc:
             self.not_before = time.monotonic() + RETRY_S
-            metrics.catchups.labels(inst.name, "failed").inc()
+            metrics.catchups.labels(member.name, "failed").inc()
             logger.warning("catching Redis member %s up failed (%s): tried again in %gs",
-                           inst.name, exc, RETRY_S, extra={"redis": inst.name})  # fmt: skip
+                           member.name, exc, RETRY_S, extra={"redis": member.name})  # fmt: skip
             return False
         finally:
-            metrics.catchup_running.labels(inst.name).set(0)
-            await behind.unlease(inst)
-        if dropped_at is not None and behind.dropped.get(inst.name) == dropped_at:
-            del behind.dropped[inst.name]
-        metrics.catchups.labels(inst.name, "done").inc()
+            metrics.catchup_running.labels(member.name).set(0)
+            await behind.unlease(member)
+        if dropped_at is not None and behind.dropped.get(member.name) == dropped_at:
+            del behind.dropped[member.name]
+        metrics.catchups.labels(member.name, "done").inc()
         logger.warning(
             "Redis member %s caught up in %.1fs: %d marks read from %s, %d written, %d "
-            "rewritten, %d already there", inst.name, time.monotonic() - started,
+            "rewritten, %d already there", member.name, time.monotonic() - started,
             copied.marks_read, ", ".join(s.name for s in sources), copied.written,
-            copied.rewritten, copied.already_there, extra={"redis": inst.name},
+            copied.rewritten, copied.already_there, extra={"redis": member.name},
         )  # fmt: skip
         await self.refresh_epochs()
         return True

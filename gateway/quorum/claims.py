@@ -91,7 +91,7 @@ class Claims:
             decoded[key] = (result, text)
             return text
 
-        async def one(inst: MemberLink) -> list[Reply]:
+        async def one(member: MemberLink) -> list[Reply]:
             # A member that answers gets the claims of one vote after another, in the
             # order the votes began: the raw loop claims a batch while it finishes the one
             # before, and copies of an id in both, reaching two members in opposite
@@ -101,34 +101,36 @@ class Claims:
             # flight (no answer, as a timeout): sent beside it, both could run when it
             # came back, in either order; waited for, a hung member would hold every
             # vote for a timeout each.
-            if not inst.up and inst.claiming.locked():
+            if not member.up and member.claiming.locked():
                 return [None] * n
-            async with inst.claiming:
-                return await claimed(inst)
+            async with member.claiming:
+                return await claimed(member)
 
-        async def claimed(inst: MemberLink) -> list[Reply]:
-            if inst.epoch is None or inst.paused:  # what it would answer could not be counted
+        async def claimed(member: MemberLink) -> list[Reply]:
+            if member.epoch is None or member.paused:  # what it would answer could not be counted
                 return [None] * n
             # The epoch these claims expect: the one known now (the fills' answer may
             # change what the gateway knows; the scripts then refuse).
-            epoch_id = inst.epoch.id
-            fills = self.fills.take(inst)
+            epoch_id = member.epoch.id
+            fills = self.fills.take(member)
             if fills:  # first, so that this batch's claims see the completed marks
-                sent = await self.fills.send(inst, fills)
+                sent = await self.fills.send(member, fills)
                 if sent:
-                    await self.behind.clear(inst)
-            if not inst.claim_path and inst.up:  # a member down is not waited for twice
-                await self.paths.choose(inst)
-            results = await self.via(inst).grouped(inst, "claim", digests, partial(plan, epoch_id))
+                    await self.behind.clear(member)
+            if not member.claim_path and member.up:  # a member down is not waited for twice
+                await self.paths.choose(member)
+            results = await self.via(member).grouped(
+                member, "claim", digests, partial(plan, epoch_id)
+            )
             if any(result is None for _, result in results):
-                self.paths.lost_module(inst)
+                self.paths.lost_module(member)
             replies: list[Reply] = [None] * n
             for positions, result in results:
                 if result is not None:
                     place(replies, positions, readable(positions, result))
             return replies
 
-        out = list(await asyncio.gather(*(one(inst) for inst in self.members)))
+        out = list(await asyncio.gather(*(one(member) for member in self.members)))
         if self.epochs.reread:
             await self.epochs.refresh()
         return out

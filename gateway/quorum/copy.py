@@ -140,14 +140,14 @@ async def _copy_found(
 
 
 async def lookup(
-    admin: Admin, inst: MemberLink, digests: list[bytes]
+    admin: Admin, member: MemberLink, digests: list[bytes]
 ) -> list[tuple[str | None, int]]:
-    """Per digest, the owner `inst` holds (None: absent) and its remaining ms."""
+    """Per digest, the owner `member` holds (None: absent) and its remaining ms."""
     if not digests:
         return []
-    reply = await admin.lookup(inst, digests)
+    reply = await admin.lookup(member, digests)
     if reply is None:
-        raise CopyError(f"{inst.name} stopped answering")
+        raise CopyError(f"{member.name} stopped answering")
     return [(owner.decode() or None, int(left)) for owner, left in reply]
 
 

@@ -98,37 +98,37 @@ class Epochs:
             if epoch is not None:
                 seen[n] = replace(seen[n], epoch=epoch)
         for n, read in seen.items():
-            inst = self.links[n]
+            member = self.links[n]
             cut_off = max(read.void.get(self.behind.run_id, -1), read.void.get(ANY_RUN, -1))
             if cut_off >= 0:
-                self.behind.voided(inst, cut_off)
+                self.behind.voided(member, cut_off)
             # Per run that noted it, whether its note is stale everywhere (its run stopped);
             # a note a catch-up made void (written up to its cut-off) does not count.
             runs: dict[str, bool] = {}
             for holder in seen.values():
-                for note in holder.behind.get(inst.name, []):
+                for note in holder.behind.get(member.name, []):
                     if note.written_ms > max(
                         read.void.get(note.run, -1), read.void.get(ANY_RUN, -1)
                     ):
                         runs[note.run] = runs.get(note.run, True) and note.stale
-            inst.stale = {run for run, stale in runs.items() if stale}
-            await self._adopt(inst, read, set(runs))
+            member.stale = {run for run, stale in runs.items() if stale}
+            await self._adopt(member, read, set(runs))
 
-    async def _read_member(self, inst: MemberLink, bound_s: float) -> EpochRead | None:
+    async def _read_member(self, member: MemberLink, bound_s: float) -> EpochRead | None:
         """The member's epoch read; None for no answer. A cluster member's epoch is
         group 0's, copied to every group (`_spread`)."""
-        if not inst.cluster:
-            got = await self._read_group(inst, 0, bound_s)
+        if not member.cluster:
+            got = await self._read_group(member, 0, bound_s)
             return None if got is None else got[0]
         # Group 0 first, alone: its call sets up the cluster client (the slot map), which
         # calls started side by side before that would each race to do.
-        head = await self._read_group(inst, 0, bound_s)
+        head = await self._read_group(member, 0, bound_s)
         if head is None:
             return None
         reads = [head, *await asyncio.gather(
-            *(self._read_group(inst, g, bound_s) for g in range(1, len(inst.groups)))
+            *(self._read_group(member, g, bound_s) for g in range(1, len(member.groups)))
         )]  # fmt: skip
-        inst.failure = None
+        member.failure = None
         first, spread_id = head
         answered = [got[0] for got in reads if got is not None]
         has_marks = any(read.has_marks for read in answered)
@@ -138,22 +138,22 @@ class Epochs:
             if not self.writes:
                 return None
             # Group 0 lost its data (its node restarted empty) while others kept theirs.
-            epoch = await self._create_epoch(inst, EPOCH_RECOVERING)
+            epoch = await self._create_epoch(member, EPOCH_RECOVERING)
             if epoch is None:
                 return None
         elif epoch is not None and self.writes:
-            epoch = await self._spread(inst, epoch, [None if g is None else g[0] for g in reads],
+            epoch = await self._spread(member, epoch, [None if g is None else g[0] for g in reads],
                                        spread_id)  # fmt: skip
             if epoch is None:
                 return None
         return EpochRead(epoch, first.now_ms, has_marks, paused, first.behind, first.void)
 
     async def _read_group(
-        self, inst: MemberLink, group: int, bound_s: float
+        self, member: MemberLink, group: int, bound_s: float
     ) -> tuple[EpochRead, str | None] | None:
         """One group's epoch read and, on group 0, the epoch id spread to every group."""
-        prefix = inst.groups[group].prefix
-        got = await self._via(inst).run_script(inst, "epoch_read", [prefix], bound_s, group)
+        prefix = member.groups[group].prefix
+        got = await self._via(member).run_script(member, "epoch_read", [prefix], bound_s, group)
         if got is None:
             return None
         raw, now_ms, has_marks, paused, spread, notes, written, void = got
@@ -165,17 +165,19 @@ class Epochs:
         read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused), behind, voids)
         return read, spread.decode(errors="replace") if spread else None
 
-    async def _create_epoch(self, inst: MemberLink, state: str) -> Epoch | None:
+    async def _create_epoch(self, member: MemberLink, state: str) -> Epoch | None:
         """Give the member an epoch (the first gateway's wins) and, on a cluster,
         copy it to every group."""
-        raw = await self._via(inst).run_script(inst, "epoch_create", [uuid.uuid4().hex[:16], state])
+        raw = await self._via(member).run_script(
+            member, "epoch_create", [uuid.uuid4().hex[:16], state]
+        )
         epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
-        if epoch is not None and inst.cluster:
-            return await self._spread(inst, epoch, None, None)
+        if epoch is not None and member.cluster:
+            return await self._spread(member, epoch, None, None)
         return epoch
 
     async def _spread(
-        self, inst: MemberLink, epoch: Epoch, reads: list[EpochRead | None] | None,
+        self, member: MemberLink, epoch: Epoch, reads: list[EpochRead | None] | None,
         spread_id: str | None,
     ) -> Epoch | None:  # fmt: skip
         """Make every group of a cluster member hold its epoch (group 0's); the epoch,
@@ -186,7 +188,7 @@ class Epochs:
         without it lost its data: the whole member is given a new, recovering
         epoch. Before that, a group without it was just not reached yet.
         `reads`: the groups' reads (None: copy to every group)."""
-        count = len(inst.groups)
+        count = len(member.groups)
         if reads is None:
             stale = list(range(1, count))
         else:
@@ -197,21 +199,25 @@ class Epochs:
             logger.warning(
                 "Redis member %s: key groups %s lost the member's epoch %s (a node restarted "
                 "empty?): the member is recovering, as epoch %s",
-                inst.name, ", ".join(inst.groups[g].prefix.decode(errors="replace") for g in stale),
-                epoch.id, fresh.id, extra={"redis": inst.name},
+                member.name,
+                ", ".join(member.groups[g].prefix.decode(errors="replace") for g in stale),
+                epoch.id, fresh.id, extra={"redis": member.name},
             )  # fmt: skip
-            if await self._via(inst).run_script(inst, "epoch_set", [epoch.raw, fresh.raw]) != 1:
+            if await self._via(member).run_script(member, "epoch_set", [epoch.raw, fresh.raw]) != 1:
                 self.reread = True
                 return None
             epoch, stale = fresh, list(range(1, count))
         if not stale and spread_id == epoch.id:
             return epoch
         copies = await asyncio.gather(
-            *(self._via(inst).run_script(inst, "epoch_copy", [epoch.raw], None, g) for g in stale)
+            *(
+                self._via(member).run_script(member, "epoch_copy", [epoch.raw], None, g)
+                for g in stale
+            )
         )
         if all(c is not None for c in copies) and (reads is None or None not in reads):
-            prefix = inst.groups[0].prefix
-            await self._via(inst).run_script(inst, "epoch_spread", [prefix, epoch.raw])
+            prefix = member.groups[0].prefix
+            await self._via(member).run_script(member, "epoch_spread", [prefix, epoch.raw])
         return epoch
 
     def _state_for_missing(self, n: int, seen: dict[int, EpochRead]) -> str | None:
@@ -230,101 +236,108 @@ class Epochs:
             return EPOCH_RECOVERING
         return EPOCH_TRUSTED if len(seen) >= self.majority else None
 
-    async def _adopt(self, inst: MemberLink, read: EpochRead, behind: set[str]) -> None:
+    async def _adopt(self, member: MemberLink, read: EpochRead, behind: set[str]) -> None:
         """Take the member's epoch as read, decide its trust, log and count changes.
         `behind`: the other gateway runs that noted it lacks marks they held."""
         epoch, now_ms = read.epoch, read.now_ms
-        if read.paused != inst.paused:
+        if read.paused != member.paused:
             logger.warning(
-                "Redis member %s is %s", inst.name,
+                "Redis member %s is %s", member.name,
                 "paused: not counted, no claims sent" if read.paused else "resumed",
-                extra={"redis": inst.name},
+                extra={"redis": member.name},
             )  # fmt: skip
-            inst.set_paused(read.paused)
+            member.set_paused(read.paused)
         trusted = epoch is not None and (
             epoch.state == EPOCH_TRUSTED or now_ms - epoch.since_ms >= self.recovery_ms
         )
         if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED and self.writes:
             # A whole mark lifetime has passed: say so on the member, for every gateway.
             promoted = epoch.with_state(EPOCH_TRUSTED)
-            if await self._via(inst).run_script(inst, "epoch_set", [epoch.raw, promoted.raw]) == 1:
+            if (
+                await self._via(member).run_script(member, "epoch_set", [epoch.raw, promoted.raw])
+                == 1
+            ):
                 epoch = promoted
-        lost = epoch is not None and inst.known_id is not None and inst.known_id != epoch.id
+        lost = epoch is not None and member.known_id is not None and member.known_id != epoch.id
         trust = Trust.UNKNOWN if epoch is None else Trust.TRUSTED if trusted else Trust.RECOVERING
-        lacks = self.behind.lacks(inst.name)
+        lacks = self.behind.lacks(member.name)
         if trust is Trust.TRUSTED and (behind or lacks):
             trust = Trust.RECOVERING
-            if inst.behind != behind and behind:
+            if member.behind != behind and behind:
                 logger.warning(
                     "Redis member %s missed marks that gateway run(s) %s held as fills and "
                     "did not send (stopped, or still sending): its answers are not counted "
                     "until they are sent or a gateway caught it up (once a stopped run's note "
                     "is stale), `dedup-gateway rebuild %s`, or 2 x ttl after the last note",
-                    inst.name, ", ".join(sorted(behind)), inst.name, extra={"redis": inst.name},
+                    member.name, ", ".join(sorted(behind)), member.name,
+                    extra={"redis": member.name},
                 )  # fmt: skip
-        elif trusted and inst.behind and not behind:
+        elif trusted and member.behind and not behind:
             logger.info("Redis member %s: no gateway run holds fills for it any more",
-                        inst.name, extra={"redis": inst.name})  # fmt: skip
-        inst.behind = behind
-        inst.set_behind(trust is Trust.RECOVERING and epoch is not None
+                        member.name, extra={"redis": member.name})  # fmt: skip
+        member.behind = behind
+        member.set_behind(trust is Trust.RECOVERING and epoch is not None
                         and epoch.state == EPOCH_TRUSTED and (bool(behind) or lacks))  # fmt: skip
-        if epoch is None and trust != inst.reported:
+        if epoch is None and trust != member.reported:
             logger.warning(
                 "Redis member %s holds no epoch, and whether it lost its data cannot be "
                 "decided while fewer than a majority answer: its answers are not counted",
-                inst.name, extra={"redis": inst.name},
+                member.name, extra={"redis": member.name},
             )  # fmt: skip
-        elif epoch is not None and not trusted and (lost or trust != inst.reported):
+        elif epoch is not None and not trusted and (lost or trust != member.reported):
             logger.warning(
                 "Redis member %s %s (epoch %s, its data began %s): its answers are not "
                 "counted until `dedup-gateway rebuild %s` or %s",
-                inst.name, "lost its data" if lost else "is recovering", epoch.id,
-                when(epoch.since_ms), inst.name, when(epoch.since_ms + self.recovery_ms),
-                extra={"redis": inst.name},
+                member.name, "lost its data" if lost else "is recovering", epoch.id,
+                when(epoch.since_ms), member.name, when(epoch.since_ms + self.recovery_ms),
+                extra={"redis": member.name},
             )  # fmt: skip
-        elif trust is Trust.TRUSTED and inst.reported not in (Trust.NEW, Trust.TRUSTED):
-            logger.info("Redis member %s is trusted again", inst.name, extra={"redis": inst.name})
-        inst.epoch, inst.reported = epoch, trust
+        elif trust is Trust.TRUSTED and member.reported not in (Trust.NEW, Trust.TRUSTED):
+            logger.info(
+                "Redis member %s is trusted again", member.name, extra={"redis": member.name}
+            )
+        member.epoch, member.reported = epoch, trust
         if epoch is not None:
-            inst.known_id = epoch.id
-        inst.set_trust(trust)
+            member.known_id = epoch.id
+        member.set_trust(trust)
 
-    def lacks(self, inst: MemberLink) -> None:
-        """This run dropped fills for `inst` (its backlog was full): it lacks marks this
+    def lacks(self, member: MemberLink) -> None:
+        """This run dropped fills for `member` (its backlog was full): it lacks marks this
         run no longer holds, so it is not counted (here too) until caught up."""
-        if inst.trust is Trust.TRUSTED:
+        if member.trust is Trust.TRUSTED:
             logger.warning(
                 "Redis member %s: fills for it were dropped (its repair backlog is full): "
-                "its answers are not counted until a gateway caught it up", inst.name,
-                extra={"redis": inst.name},
+                "its answers are not counted until a gateway caught it up", member.name,
+                extra={"redis": member.name},
             )  # fmt: skip
-            inst.reported = Trust.RECOVERING
-            inst.set_behind(True)
-            inst.set_trust(Trust.RECOVERING)
+            member.reported = Trust.RECOVERING
+            member.set_behind(True)
+            member.set_trust(Trust.RECOVERING)
 
-    def refused(self, inst: MemberLink, reply: bytes) -> bool:
+    def refused(self, member: MemberLink, reply: bytes) -> bool:
         """Whether a script refused to write: another epoch ('epoch:<held>': the member
         lost its data since we read it) or a pause ('paused:')."""
         if reply.startswith(b"epoch:"):
-            self._epoch_differs(inst, reply[len(b"epoch:") :].decode())
+            self._epoch_differs(member, reply[len(b"epoch:") :].decode())
             return True
         if reply.startswith(b"paused:"):
-            if not inst.paused:
+            if not member.paused:
                 logger.warning("Redis member %s is paused: not counted, no claims sent",
-                               inst.name, extra={"redis": inst.name})  # fmt: skip
-            inst.set_paused(True)
+                               member.name, extra={"redis": member.name})  # fmt: skip
+            member.set_paused(True)
             return True
         return False
 
-    def _epoch_differs(self, inst: MemberLink, held: str) -> None:
+    def _epoch_differs(self, member: MemberLink, held: str) -> None:
         """A claim found another epoch: the member lost its data since we read it."""
         logger.warning(
             "Redis member %s holds epoch %r, not %r: nothing was written; re-reading epochs",
-            inst.name, held, inst.epoch.raw if inst.epoch else None, extra={"redis": inst.name},
+            member.name, held, member.epoch.raw if member.epoch else None,
+            extra={"redis": member.name},
         )  # fmt: skip
-        inst.epoch = None
+        member.epoch = None
         self.reread = True
-        inst.set_trust(Trust.UNKNOWN)
+        member.set_trust(Trust.UNKNOWN)
 
 
 def _text(value: object) -> str:

@@ -33,34 +33,34 @@ class Fills:
         self.dropped = dropped
         self.on_drop = on_drop
 
-    def queue(self, inst: MemberLink, fills: Iterable[Fill], front: bool = False) -> None:
+    def queue(self, member: MemberLink, fills: Iterable[Fill], front: bool = False) -> None:
         if front:
-            inst.backlog.extendleft(reversed(list(fills)))
+            member.backlog.extendleft(reversed(list(fills)))
         else:
-            inst.backlog.extend(fills)
-        dropped = len(inst.backlog) - self.most
+            member.backlog.extend(fills)
+        dropped = len(member.backlog) - self.most
         if dropped > 0:
             for _ in range(dropped):
-                inst.backlog.popleft()  # the oldest first: the newest marks matter longest
-            self.metrics.repairs_dropped.labels(inst.name).inc(dropped)
-            self.dropped[inst.name] = time.monotonic()
-            self.on_drop(inst)
-        self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
+                member.backlog.popleft()  # the oldest first: the newest marks matter longest
+            self.metrics.repairs_dropped.labels(member.name).inc(dropped)
+            self.dropped[member.name] = time.monotonic()
+            self.on_drop(member)
+        self.metrics.repair_backlog.labels(member.name).set(len(member.backlog))
 
-    def take(self, inst: MemberLink) -> list[Fill]:
+    def take(self, member: MemberLink) -> list[Fill]:
         """Up to one chunk of queued fills, when the member's epoch is known."""
-        if not inst.backlog or inst.epoch is None or inst.paused:
+        if not member.backlog or member.epoch is None or member.paused:
             return []
         taken = [
-            inst.backlog.popleft() for _ in range(min(len(inst.backlog), sizing.CHUNK_DIGESTS))
+            member.backlog.popleft() for _ in range(min(len(member.backlog), sizing.CHUNK_DIGESTS))
         ]
-        self.metrics.repair_backlog.labels(inst.name).set(len(inst.backlog))
+        self.metrics.repair_backlog.labels(member.name).set(len(member.backlog))
         return taken
 
-    async def send(self, inst: MemberLink, fills: list[Fill]) -> bool:
+    async def send(self, member: MemberLink, fills: list[Fill]) -> bool:
         """Write queued fills (scripts.FILL), one call per group; those that got no
         answer go back to the front of the backlog. Whether every one was sent."""
-        epoch_id, width = inst.epoch.id if inst.epoch else "", len(fills[0][0])
+        epoch_id, width = member.epoch.id if member.epoch else "", len(fills[0][0])
 
         def plan(group: Group, items: Sequence[int]) -> Planned:
             args = [*group.layout, epoch_id, width,
@@ -69,20 +69,20 @@ class Fills:
                     "".join(f"{fills[k][2]}," for k in items)]  # fmt: skip
             return [(("fill", [group.meta], args), items)]
 
-        inst.sending += 1  # until answered, the run's note that it is behind stays
+        member.sending += 1  # until answered, the run's note that it is behind stays
         try:
-            results = await self._via(inst).grouped(inst, "fill", [f[0] for f in fills], plan)
+            results = await self._via(member).grouped(member, "fill", [f[0] for f in fills], plan)
         finally:
-            inst.sending -= 1
+            member.sending -= 1
         missed = [fills[k] for positions, result in results if result is None for k in positions]
         if missed:
-            self.queue(inst, missed, front=True)
+            self.queue(member, missed, front=True)
         return not missed
 
-    async def drain(self, inst: MemberLink) -> None:
+    async def drain(self, member: MemberLink) -> None:
         """Send this member's queued fills, a chunk at a time, until the backlog seen at
         the start is sent or a call fails."""
-        for _ in range(-(-len(inst.backlog) // sizing.CHUNK_DIGESTS)):
-            fills = self.take(inst)
-            if not fills or not await self.send(inst, fills):
+        for _ in range(-(-len(member.backlog) // sizing.CHUNK_DIGESTS)):
+            fills = self.take(member)
+            if not fills or not await self.send(member, fills):
                 return

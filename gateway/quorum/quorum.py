@@ -123,8 +123,8 @@ class Quorum:
                                 self.refresh_epochs)  # fmt: skip
         metrics.quorum_size.set(self.majority)
 
-    def _via(self, inst: MemberLink) -> Transport:
-        return self._cluster if inst.cluster else self._standalone
+    def _via(self, member: MemberLink) -> Transport:
+        return self._cluster if member.cluster else self._standalone
 
     def _publish_health(self) -> None:
         self.metrics.quorum_healthy.set(1 if self.healthy else 0)
@@ -158,7 +158,7 @@ class Quorum:
 
     def counted(self) -> list[bool]:
         """Per member, whether the vote may count its answers (trusted, not paused)."""
-        return [inst.counted for inst in self.members]
+        return [member.counted for member in self.members]
 
     async def wait_for_majority(
         self, stop: asyncio.Event, retry_s: float = 1.0, report_max_s: float = 60.0
@@ -186,19 +186,19 @@ class Quorum:
         await self.repairs.drain()
         await self.behind.note(self.behind.holding())  # a live run's notes never go stale
         self.catch_up.start()  # a member behind: gateway/quorum/catchup.py
-        for inst, fill in zip(self.members, await self.slice_fill(), strict=True):
+        for member, fill in zip(self.members, await self.slice_fill(), strict=True):
             if fill is not None and fill[1]:
-                self.metrics.redis_marks_per_bucket.labels(inst.name).set(fill[0] / fill[1])
+                self.metrics.redis_marks_per_bucket.labels(member.name).set(fill[0] / fill[1])
 
     async def slice_fill(self) -> list[tuple[int, int] | None]:
         """Per member, its current slice's (marks, buckets) (scripts.SLICE_FILL; a
         cluster member's first key group, whose share is any group's); None for no
         answer, (0, 0) before its first claim."""
 
-        async def one(inst: MemberLink) -> tuple[int, int] | None:
-            if not inst.up:
+        async def one(member: MemberLink) -> tuple[int, int] | None:
+            if not member.up:
                 return None
-            got = await self.run_script(inst, "slice_fill", list(inst.groups[0].layout))
+            got = await self.run_script(member, "slice_fill", list(member.groups[0].layout))
             return None if got is None else (int(got[0]), int(got[1]))
 
         return list(await asyncio.gather(*(one(i) for i in self.members)))
@@ -290,17 +290,17 @@ class Quorum:
     # -- the parts' calls, as the callers know them ---------------------------------
 
     async def run_script(
-        self, inst: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
+        self, member: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
         group: int = 0,
     ) -> Any | None:  # fmt: skip
-        return await self.calls.run_script(inst, name, args, bound_s, group)
+        return await self.calls.run_script(member, name, args, bound_s, group)
 
     async def _timed(
-        self, inst: MemberLink, script: str, call: Callable[[], Awaitable[T]]
+        self, member: MemberLink, script: str, call: Callable[[], Awaitable[T]]
     ) -> T | None:
-        return await inst.timed(script, call)
+        return await member.timed(script, call)
 
     async def close(self) -> None:
         await self.catch_up.close()
-        for inst in self.members:
-            await inst.close()
+        for member in self.members:
+            await member.close()

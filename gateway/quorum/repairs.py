@@ -64,8 +64,8 @@ class Repairs:
     def queue_fills(self, per_member: Sequence[Iterable[Fill]]) -> None:
         """Marks to complete later: per member, (digest, winner, token sent) for the
         votes it gave no answer to (see scripts.FILL)."""
-        for inst, fills in zip(self.members, per_member, strict=True):
-            self.fills.queue(inst, fills)
+        for member, fills in zip(self.members, per_member, strict=True):
+            self.fills.queue(member, fills)
 
     async def repair(self, per_member: Sequence[list[Repair]]) -> int:
         """Rewrite (digest, seen owner, winner) marks where they still hold what was seen.
@@ -76,7 +76,7 @@ class Repairs:
         with another member recovering a later copy could win its tie.
         """
 
-        async def one(inst: MemberLink, todo: list[Repair]) -> int:
+        async def one(member: MemberLink, todo: list[Repair]) -> int:
             if not todo:
                 return 0
 
@@ -85,16 +85,18 @@ class Repairs:
                           [*group.layout, *(v for k in chunk for v in todo[k])]), chunk)
                         for chunk in chunks(items)]  # fmt: skip
 
-            results = await self.via(inst).grouped(inst, "repair", [d for d, _, _ in todo], plan)
+            results = await self.via(member).grouped(
+                member, "repair", [d for d, _, _ in todo], plan
+            )
             missed = [(todo[k][0], todo[k][2], todo[k][1])
                       for positions, result in results if result is None
                       for k in positions]  # fmt: skip
             if missed:
-                self.fills.queue(inst, missed)
+                self.fills.queue(member, missed)
             return sum(int(result or 0) for _, result in results)
 
         results = await asyncio.gather(
-            *(one(inst, todo) for inst, todo in zip(self.members, per_member, strict=True))
+            *(one(member, todo) for member, todo in zip(self.members, per_member, strict=True))
         )
         repaired = sum(results)
         self.metrics.repairs.inc(repaired)
@@ -102,11 +104,11 @@ class Repairs:
 
     async def drain(self) -> None:
         """Send the queued fills to the members that answer (the quorum's watch)."""
-        await asyncio.gather(*(self._drain(inst) for inst in self.members if inst.up))
+        await asyncio.gather(*(self._drain(member) for member in self.members if member.up))
 
-    async def _drain(self, inst: MemberLink) -> None:
-        await self.fills.drain(inst)
-        await self.behind.clear(inst)
+    async def _drain(self, member: MemberLink) -> None:
+        await self.fills.drain(member)
+        await self.behind.clear(member)
 
     async def drain_at_stop(self, bound_s: float) -> None:
         """At a graceful stop (the loops stopped): send every queued fill, trying
@@ -115,26 +117,27 @@ class Repairs:
         stay noted as behind (not counted by the next gateway) until a rebuild
         completes them or the notes expire (gateway/quorum/behind.py)."""
         deadline = asyncio.get_running_loop().time() + bound_s
-        await asyncio.gather(*(self._drain_until(inst, deadline) for inst in self.members))
-        for inst in self.members:
-            if inst.backlog:
-                lost = len(inst.backlog)
-                self.metrics.repairs_lost_at_stop.labels(inst.name).inc(lost)
+        await asyncio.gather(*(self._drain_until(member, deadline) for member in self.members))
+        for member in self.members:
+            if member.backlog:
+                lost = len(member.backlog)
+                self.metrics.repairs_lost_at_stop.labels(member.name).inc(lost)
                 logger.warning(
                     "stopping with %d fill(s) for Redis member %s not sent within %gs: it stays "
                     "noted as behind (not counted by any gateway) until a gateway caught it up "
-                    "(`dedup-gateway rebuild %s` does too)", lost, inst.name, bound_s, inst.name,
-                    extra={"redis": inst.name},
+                    "(`dedup-gateway rebuild %s` does too)", lost, member.name, bound_s,
+                    member.name,
+                    extra={"redis": member.name},
                 )  # fmt: skip
 
-    async def _drain_until(self, inst: MemberLink, deadline: float) -> None:
+    async def _drain_until(self, member: MemberLink, deadline: float) -> None:
         """Send the member's backlog until it is empty or `deadline` passed (each try
         is bounded by `[redis] timeout`), then clear this run's note if it is."""
         loop = asyncio.get_running_loop()
-        while inst.backlog and loop.time() < deadline:
-            if inst.epoch is None or inst.paused:
+        while member.backlog and loop.time() < deadline:
+            if member.epoch is None or member.paused:
                 await self.epochs.refresh()
-            await self.fills.drain(inst)
-            if inst.backlog:
+            await self.fills.drain(member)
+            if member.backlog:
                 await asyncio.sleep(min(self.timeout, max(0.0, deadline - loop.time())))
-        await self.behind.clear(inst)
+        await self.behind.clear(member)

@@ -52,7 +52,7 @@ class MajorityWait:
         while not stop.is_set():
             await self.refresh_epochs(True)
             # After the round, `failure` is set exactly on the members that did not answer.
-            failed = {inst.name: inst.failure for inst in self.members if inst.failure}
+            failed = {member.name: member.failure for member in self.members if member.failure}
             refused = [f"{name} ({detail})" for name, (kind, detail) in failed.items()
                        if kind == "auth"]  # fmt: skip
             answering = self.size - len(failed)
@@ -90,10 +90,10 @@ class MajorityWait:
         """Raise ConfigError when members that answer are one redis-server
         (gateway/quorum/identity.py)."""
 
-        async def info(inst: MemberLink) -> object:
+        async def info(member: MemberLink) -> object:
             # Not `timed`: an ACL without INFO must not count the member as failing.
             try:
-                return await asyncio.wait_for(inst.client.info("server"), self.timeout)
+                return await asyncio.wait_for(member.client.info("server"), self.timeout)
             except (TimeoutError, RedisError, OSError):
                 return None  # cannot tell: not refused
 

@@ -53,20 +53,20 @@ class Transport:
         self.refused = refused
 
     async def grouped(
-        self, inst: MemberLink, what: str, digests: Sequence[bytes],
+        self, member: MemberLink, what: str, digests: Sequence[bytes],
         plan: Callable[[Group, Sequence[int]], Planned],
     ) -> list[tuple[Sequence[int], Any | None]]:  # fmt: skip
         """The calls `plan` makes for each group's items of `digests` (positions in
         order); per call, its item positions and its reply (None: no answer)."""
-        planned = plan(inst.groups[0], range(len(digests)))
-        replies = await self.run(inst, what, [call for call, _ in planned])
+        planned = plan(member.groups[0], range(len(digests)))
+        replies = await self.run(member, what, [call for call, _ in planned])
         return [(positions, r) for (_, positions), r in zip(planned, replies, strict=True)]
 
     async def in_chunks(
-        self, inst: MemberLink, script: str, digests: Sequence[bytes],
+        self, member: MemberLink, script: str, digests: Sequence[bytes],
         args_of: Callable[[Sequence[int]], list[Any]], width: int,
     ) -> list[Any] | None:  # fmt: skip
-        """`script` on `inst` over the items of `digests` in chunks of
+        """`script` on `member` over the items of `digests` in chunks of
         `sizing.CHUNK_DIGESTS` per group, the arguments of items `k` being the
         group's layout and `args_of(k)`; per item its `width` replies, or None when a
         chunk got no answer."""
@@ -75,7 +75,7 @@ class Transport:
             return [((script, [group.meta], [*group.layout, *args_of(chunk)]), chunk)
                     for chunk in chunks(items)]  # fmt: skip
 
-        results = await self.grouped(inst, script, digests, plan)
+        results = await self.grouped(member, script, digests, plan)
         out: list[Any] = [None] * len(digests)
         for positions, result in results:
             if result is None:
@@ -85,84 +85,84 @@ class Transport:
         return out
 
     async def run(
-        self, inst: MemberLink, what: str, calls: Sequence[Call], group: int = 0
+        self, member: MemberLink, what: str, calls: Sequence[Call], group: int = 0
     ) -> list[Any | None]:
-        """The calls on one group of `inst`, in order, each round trip bounded by
+        """The calls on one group of `member`, in order, each round trip bounded by
         `[redis] timeout` (timed as `what`). The reply per call; None for a call that
         got no answer (after a timeout or a lost connection the calls not yet sent are
         not sent) or found another epoch or a pause. A standalone member gets
         `sizing.CHUNKS_PER_TRIP` calls per round trip on one connection; a cluster
         member one call at a time, routed by the client (MOVED, ASK, failovers)."""
         results: list[Any | None] = [None] * len(calls)
-        per_trip = 1 if inst.cluster else sizing.CHUNKS_PER_TRIP
+        per_trip = 1 if member.cluster else sizing.CHUNKS_PER_TRIP
         for start in range(0, len(calls), per_trip):
             trip = range(start, min(start + per_trip, len(calls)))
-            if inst.cluster:
+            if member.cluster:
                 name, keys, args = calls[start]
-                send = partial(self._one_call, inst, name, keys, args)
+                send = partial(self._one_call, member, name, keys, args)
             else:
-                send = partial(self._pipelined, inst, [calls[n] for n in trip])
-            replies = await inst.timed(what, send, group=group)
+                send = partial(self._pipelined, member, [calls[n] for n in trip])
+            replies = await member.timed(what, send, group=group)
             if replies is None:
                 return results
             for n, reply in zip(trip, replies, strict=True):
                 if isinstance(reply, ResponseError):
-                    inst.failed("response", str(reply), group)
-                elif isinstance(reply, bytes) and self.refused(inst, reply):
+                    member.failed("response", str(reply), group)
+                elif isinstance(reply, bytes) and self.refused(member, reply):
                     return results
                 else:
                     results[n] = reply
         return results
 
     async def run_script(
-        self, inst: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
+        self, member: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
         group: int = 0,
     ) -> Any | None:  # fmt: skip
-        """One call of script `name` on one group of `inst`, bounded by `bound_s`
+        """One call of script `name` on one group of `member`, bounded by `bound_s`
         (default: `[redis] timeout`); None for no answer (counted and logged like
         every other call). Its declared key: the group's epoch key for the epoch
         scripts, its slice meta for the others."""
-        g = inst.groups[group]
+        g = member.groups[group]
         keys = [g.epoch_key if name.startswith("epoch") or name == "pause" else g.meta]
-        call = partial(self._script, inst, name, keys, args)
-        return await inst.timed(name, call, bound_s, group)
+        call = partial(self._script, member, name, keys, args)
+        return await member.timed(name, call, bound_s, group)
 
     async def _one_call(
-        self, inst: MemberLink, name: str, keys: list[Any], args: list[Any]
+        self, member: MemberLink, name: str, keys: list[Any], args: list[Any]
     ) -> list[Any]:
         """A cluster member's call: the Script object loads the script where a node
         lacks it (a new or failed-over master)."""
-        return [await self._script(inst, name, keys, args)]
+        return [await self._script(member, name, keys, args)]
 
-    async def _script(self, inst: MemberLink, name: str, keys: list[Any], args: list[Any]) -> Any:
+    async def _script(self, member: MemberLink, name: str, keys: list[Any], args: list[Any]) -> Any:
         """One EVALSHA (the script loaded where it is missing). A cluster member's
         calls are not queued behind each other: a bound on them let the calls to a
         dead master hold back the live masters' until they timed out too."""
-        return await inst.scripts[name](keys=keys, args=args)
+        return await member.scripts[name](keys=keys, args=args)
 
     async def _pipelined(
-        self, inst: MemberLink, calls: list[Call], client: aioredis.Redis | None = None
+        self, member: MemberLink, calls: list[Call], client: aioredis.Redis | None = None
     ) -> list[Any]:
         """EVALSHA per call in one pipeline on `client` (default: the member's own). A
         script the server does not have (it restarted) is loaded, and the calls it
         refused are sent once more."""
-        on = client if client is not None else inst.client
-        replies = await self._send(inst, calls, on)
+        on = client if client is not None else member.client
+        replies = await self._send(member, calls, on)
         lost = [n for n, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if lost:
             for name in {calls[n][0] for n in lost}:
-                await on.script_load(inst.scripts[name].script)
-            again = await self._send(inst, [calls[n] for n in lost], on)
+                await on.script_load(member.scripts[name].script)
+            again = await self._send(member, [calls[n] for n in lost], on)
             for n, reply in zip(lost, again, strict=True):
                 replies[n] = reply
         return replies
 
     async def _send(
-        self, inst: MemberLink, calls: list[Call], client: aioredis.Redis | RedisCluster
+        self, member: MemberLink, calls: list[Call], client: aioredis.Redis | RedisCluster
     ) -> list[Any]:
         pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
-            script = inst.scripts[name]
+            script = member.scripts[name]
             if getattr(script, "native", False):  # the module's command (gateway/quorum/native)
                 pipe.execute_command(native.COMMAND, *keys, *args)
             else:
@@ -175,17 +175,17 @@ class ClusterTransport(Transport):
     """A Redis Cluster member's calls: per key group, pipelined per master."""
 
     async def grouped(
-        self, inst: MemberLink, what: str, digests: Sequence[bytes],
+        self, member: MemberLink, what: str, digests: Sequence[bytes],
         plan: Callable[[Group, Sequence[int]], Planned],
     ) -> list[tuple[Sequence[int], Any | None]]:  # fmt: skip
         calls = [(group, call, positions)
-                 for group, items in split(digests, len(inst.groups))
-                 for call, positions in plan(inst.groups[group], items)]  # fmt: skip
-        replies = await self._on_masters(inst, what, [(g, c, len(p)) for g, c, p in calls])
+                 for group, items in split(digests, len(member.groups))
+                 for call, positions in plan(member.groups[group], items)]  # fmt: skip
+        replies = await self._on_masters(member, what, [(g, c, len(p)) for g, c, p in calls])
         return [(positions, r) for (_, _, positions), r in zip(calls, replies, strict=True)]
 
     async def _on_masters(
-        self, inst: MemberLink, what: str, calls: Sequence[tuple[int, Call, int]]
+        self, member: MemberLink, what: str, calls: Sequence[tuple[int, Call, int]]
     ) -> list[Any | None]:
         """A cluster member's calls (group, call, digests it carries), pipelined per
         master: the calls of the groups a node serves (by the client's slot map) go
@@ -203,21 +203,21 @@ class ClusterTransport(Transport):
         batch over 64 groups, against 0.2 on a standalone member (bench/RESULTS.md).
         """
         results: list[Any | None] = [None] * len(calls)
-        assert isinstance(inst.client, RedisCluster)
+        assert isinstance(member.client, RedisCluster)
         by_node: dict[str, list[int]] = {}
         alone: list[int] = []  # slots no node serves, as far as the client knows
         for n, (_, (_, keys, _), _) in enumerate(calls):
             try:
-                node = inst.client.get_node_from_key(keys[0])
+                node = member.client.get_node_from_key(keys[0])
             except SlotNotCoveredError:  # or no slot map yet: the cluster client reads one
                 node = None
             if node is None:
                 alone.append(n)
                 continue
-            if node.name not in inst.nodes:
-                assert inst.url is not None
-                inst.nodes[node.name] = node_client_for(inst.url, node.host, int(node.port),
-                                                        inst.timeout)  # fmt: skip
+            if node.name not in member.nodes:
+                assert member.url is not None
+                member.nodes[node.name] = node_client_for(member.url, node.host, int(node.port),
+                                                        member.timeout)  # fmt: skip
             by_node.setdefault(node.name, []).append(n)
 
         # A group whose call got no answer (or was refused) gets no more calls in this
@@ -230,7 +230,7 @@ class ClusterTransport(Transport):
             for n in ns:
                 group, call, _ = calls[n]
                 if group not in stopped:
-                    results[n] = (await self.run(inst, what, [call], group))[0]
+                    results[n] = (await self.run(member, what, [call], group))[0]
                     if results[n] is None:
                         stopped.add(group)
 
@@ -241,10 +241,10 @@ class ClusterTransport(Transport):
                     continue
                 groups = sorted({calls[n][0] for n in trip})
                 sent = [calls[n][1] for n in trip]
-                send = partial(self._pipelined, inst, sent, inst.nodes[name])
-                replies = await inst.timed(what, send, group=groups)
+                send = partial(self._pipelined, member, sent, member.nodes[name])
+                replies = await member.timed(what, send, group=groups)
                 if replies is None:
-                    if inst.failure is not None and inst.failure[0] == "connection":
+                    if member.failure is not None and member.failure[0] == "connection":
                         await again(trip)
                     else:
                         stopped.update(groups)
@@ -257,8 +257,8 @@ class ClusterTransport(Transport):
                     if isinstance(reply, _MISPLACED):
                         misplaced.append(n)
                     elif isinstance(reply, ResponseError):  # it ran and failed: its own only
-                        inst.failed("response", str(reply), group)
-                    elif isinstance(reply, bytes) and self.refused(inst, reply):
+                        member.failed("response", str(reply), group)
+                    elif isinstance(reply, bytes) and self.refused(member, reply):
                         stopped.add(group)
                     else:
                         results[n] = reply

@@ -27,12 +27,12 @@ class Windows:
         await self.calls.epochs_known()
         width = len(digests[0])
 
-        async def one(inst: MemberLink, asked: bool) -> list[tuple[int, bool, int]] | None:
-            if inst.epoch is None or inst.paused or not asked:
+        async def one(member: MemberLink, asked: bool) -> list[tuple[int, bool, int]] | None:
+            if member.epoch is None or member.paused or not asked:
                 return None
-            head = [inst.epoch.id, mode, window_ms, max_window_ms, width]
+            head = [member.epoch.id, mode, window_ms, max_window_ms, width]
             flat = await self.calls.in_chunks(
-                inst, "coalesce_update", digests,
+                member, "coalesce_update", digests,
                 lambda items: [*head, b"".join(digests[k] for k in items),
                                "".join(f"{stamps[k]}," for k in items),
                                "".join(f"{versions[k]}," for k in items)],
@@ -57,9 +57,9 @@ class Windows:
             return [[] for _ in self.calls.members]
         width = len(digests[0])
 
-        async def one(inst: MemberLink) -> list[tuple[str, int, int]] | None:
+        async def one(member: MemberLink) -> list[tuple[str, int, int]] | None:
             flat = await self.calls.in_chunks(
-                inst, "coalesce_close", digests,
+                member, "coalesce_close", digests,
                 lambda items: [width, b"".join(digests[k] for k in items),
                                "".join(f"{starts[k]}," for k in items)],
                 width=3,
@@ -68,4 +68,4 @@ class Windows:
                 return None
             return [(v.decode(), int(n), int(last)) for v, n, last in flat]
 
-        return list(await asyncio.gather(*(one(inst) for inst in self.calls.members)))
+        return list(await asyncio.gather(*(one(member) for member in self.calls.members)))

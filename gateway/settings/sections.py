@@ -91,7 +91,7 @@ class RedisSettings(Section):
                 f"must be between {sizing.MIN_TIMEOUT_MS}ms and 60s, got {timeout}: one round "
                 f"trip carries up to {sizing.CHUNKS_PER_TRIP} chunks of "
                 f"{sizing.CHUNK_DIGESTS} digests, about {sizing.TRIP_MS}ms of Redis work, "
-                f"and needs {sizing.TIMEOUT_MARGIN}x that for a loaded instance"
+                f"and needs {sizing.TIMEOUT_MARGIN}x that for a loaded member"
             )
         return timeout
 

@@ -344,15 +344,15 @@ async def test_a_rebuild_import_splits_the_buckets_it_fills(quorum_on: QuorumFac
     quorum = quorum_on(buckets=1)
     redis: aioredis.Redis = quorum.members[0].client
     await quorum.check()  # its epoch, which import expects
-    inst = quorum.members[0]
-    assert inst.epoch is not None
+    member = quorum.members[0]
+    assert member.epoch is not None
     day = 24 * 3600 * 1000
     current, older = digests("in-current", 2000), digests("in-older", 2000)
     marks = [(d, "5", 2 * day - 2000, "-", 0) for d in current]  # lives past this slice
     marks += [(d, "5", day - 2000, "-", 0) for d in older]  # into the slice before
     for start in range(0, len(marks), 500):
         chunk = marks[start : start + 500]
-        assert await quorum.admin.import_marks(inst, inst.epoch.id, chunk) == [1] * len(chunk)
+        assert await quorum.admin.import_marks(member, member.epoch.id, chunk) == [1] * len(chunk)
     for slice_id in (1, 0):
         keys = await redis.keys(f"dd:m:{slice_id}:*")
         sizes = [await redis.hlen(key) for key in keys]

@@ -120,10 +120,10 @@ async def test_the_backlog_is_bounded_dropping_the_oldest_and_counting_them() ->
         fills = [(mark_digest(f"b-{n}".encode()), "1", "1") for n in range(25)]
         quorum.queue_fills([fills[:20]])
         quorum.queue_fills([fills[20:]])
-        (inst,) = quorum.members
-        assert list(inst.backlog) == fills[15:]  # the newest ten
-        assert quorum.metrics.repair_backlog.labels(inst.name)._value.get() == 10
-        assert counter_value(quorum.metrics.repairs_dropped, inst.name) == 15
+        (member,) = quorum.members
+        assert list(member.backlog) == fills[15:]  # the newest ten
+        assert quorum.metrics.repair_backlog.labels(member.name)._value.get() == 10
+        assert counter_value(quorum.metrics.repairs_dropped, member.name) == 15
     finally:
         await quorum.close()
 
@@ -337,13 +337,13 @@ async def test_claims_reach_each_answering_member_in_the_order_the_votes_began(
     transport = quorum._via(quorum.members[0])
     grouped = transport.grouped
 
-    async def spied(inst: Any, what: str, digests: Any, plan: Any) -> Any:
+    async def spied(member: Any, what: str, digests: Any, plan: Any) -> Any:
         vote = "first" if digests is first else "second"
-        events.append(("sent", inst.name, vote))
+        events.append(("sent", member.name, vote))
         try:
-            return await grouped(inst, what, digests, plan)
+            return await grouped(member, what, digests, plan)
         finally:
-            events.append(("answered", inst.name, vote))
+            events.append(("answered", member.name, vote))
 
     transport.grouped = spied  # type: ignore[method-assign]
     slow = quorum.members[1].name

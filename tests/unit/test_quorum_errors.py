@@ -17,7 +17,7 @@ def quorum() -> Quorum:
 
 async def test_a_write_to_a_connection_the_server_closed_counts_as_no_answer() -> None:
     q = quorum()
-    (inst,) = q.members
+    (member,) = q.members
 
     async def closed_under_the_handshake() -> None:
         # What uvloop raises, and redis-py passes on, when a reconnect's HELLO meets a
@@ -27,19 +27,19 @@ async def test_a_write_to_a_connection_the_server_closed_counts_as_no_answer() -
             "0x5592715ce330>; the handler is closed"
         )
 
-    assert await q._timed(inst, "claim", closed_under_the_handshake) is None
-    assert inst.failure is not None and inst.failure[0] == "connection"
-    assert counter_value(q.metrics.redis_errors, inst.name, "connection") == 1
+    assert await q._timed(member, "claim", closed_under_the_handshake) is None
+    assert member.failure is not None and member.failure[0] == "connection"
+    assert counter_value(q.metrics.redis_errors, member.name, "connection") == 1
     await q.close()
 
 
 async def test_any_other_runtime_error_is_a_bug_and_is_raised() -> None:
     q = quorum()
-    (inst,) = q.members
+    (member,) = q.members
 
     async def bug() -> None:
         raise RuntimeError("something of ours")
 
     with pytest.raises(RuntimeError, match="something of ours"):
-        await q._timed(inst, "claim", bug)
+        await q._timed(member, "claim", bug)
     await q.close()

@@ -97,7 +97,7 @@ local function still_live(id, older, now)
   return keep
 end
 
--- Open a new slice if the current one has ended (the instance's clock).
+-- Open a new slice if the current one has ended (the member's clock).
 -- Returns the slices to search (the first one is where new marks go), when
 -- the current slice's buckets expire, and now (ms since the epoch).
 local function open_slice()
@@ -211,7 +211,7 @@ end
 -- one call; older slices are searched only for what it claimed (and undone if
 -- an older slice holds the id). A released mark is claimed by any other
 -- owner, which is told so: '=' .. the released token (the vote then counts
--- that token as released on the instances the release has not reached yet,
+-- that token as released on the members the release has not reached yet,
 -- gateway/rules/vote.py). To the owner it was released from it stays released
 -- ('-' .. owner: the replay is a duplicate, the next copy can still claim it).
 -- Also returns 1 when it added a field to the current slice (`grow` counts them).
@@ -297,7 +297,7 @@ local function grow(slice, added, now, ledger)
   end
 end
 
--- False when the instance still holds the data the caller knows (its epoch
+-- False when the member still holds the data the caller knows (its epoch
 -- starts with the id `expected`, gateway/quorum/keys.py) and is not paused; else the
 -- reply that says so, 'epoch:<the epoch it holds>' or 'paused:', and the
 -- script must write nothing.
