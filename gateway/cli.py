@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     topics.set_defaults(func=cmd_topics)
 
-    inspect_ = add("inspect", "show an id's mark on every Redis instance")
+    inspect_ = add("inspect", "show an id's mark on every Redis member")
     release = add("release", "release an id's mark by hand")
     release.add_argument("--token", help="only where the mark holds this dedup-token")
     release.add_argument("--yes", action="store_true", help="no --token: do not ask to confirm")

@@ -12,7 +12,15 @@ from gateway.delay.scan import Scan, find_waiting
 from gateway.errors import BrokerUnreachable
 from gateway.ops.broker import reaching_broker
 from gateway.ops.command_quorum import command_quorum
-from gateway.ops.output import Output, id_fields, print_json, table, ttl_text, when_text
+from gateway.ops.output import (
+    Output,
+    id_fields,
+    per_member,
+    print_json,
+    table,
+    ttl_text,
+    when_text,
+)
 from gateway.progress import Progress
 from gateway.quorum.admin import MarkView
 
@@ -26,16 +34,16 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
         fills = await quorum.slice_fill()
     finally:
         await quorum.close()
-    names = [inst.name for inst in quorum.members]
+    names = [member.name for member in quorum.members]
     if output == "json":
         waiting = await _scan(settings, message_id) if settings.delay.enabled else None
+        members = [{"member": name, "answered": view is not None,
+                    **(asdict(view) if view is not None else {}),
+                    **({"slice_marks": fill[0], "slice_buckets": fill[1]}
+                       if fill is not None else {})}
+                   for name, view, fill in zip(names, views, fills, strict=True)]  # fmt: skip
         print_json({
-            **id_fields(message_id), "digest": digest.hex(),
-            "instances": [{"instance": name, "answered": view is not None,
-                           **(asdict(view) if view is not None else {}),
-                           **({"slice_marks": fill[0], "slice_buckets": fill[1]}
-                              if fill is not None else {})}
-                          for name, view, fill in zip(names, views, fills, strict=True)],
+            **id_fields(message_id), "digest": digest.hex(), **per_member(members),
             "waiting": None if waiting is None else [asdict(w) for w in waiting.waiting],
         })  # fmt: skip
         return 0
@@ -45,7 +53,7 @@ async def inspect(settings: Settings, message_id: bytes, output: Output = "text"
         [*_inspect_row(name, view), _fill_text(fill)]
         for name, view, fill in zip(names, views, fills, strict=True)
     ]
-    print(table(("instance", "owner token", "ttl", "bucket", "last handover by",
+    print(table(("member", "owner token", "ttl", "bucket", "last handover by",
                  "current slice: marks per bucket"), rows))  # fmt: skip
     if settings.delay.enabled:  # scheduled delivery: a read of what waits in the tiers
         await _print_waiting(settings, message_id)

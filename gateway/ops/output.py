@@ -29,6 +29,15 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def per_member(members: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """An operator document's per-member list, each entry naming its `member`; and the
+    same list under its former names, `instances` of `{"instance": ...}`, kept
+    for one release (CHANGELOG.md: they go away in the next)."""
+    old = [{"instance": m["member"], **{k: v for k, v in m.items() if k != "member"}}
+           for m in members]  # fmt: skip
+    return {"members": members, "instances": old}
+
+
 def print_json(document: dict[str, Any]) -> None:
     print(json.dumps(document, indent=2))
 

@@ -12,7 +12,7 @@ from gateway.contract.replies import (
 )
 from gateway.contract.tokens import TOMBSTONE, is_released, mark_digest
 from gateway.ops.command_quorum import command_quorum
-from gateway.ops.output import Output, id_fields, print_json, table
+from gateway.ops.output import Output, id_fields, per_member, print_json, table
 from gateway.quorum.admin import MarkView
 from gateway.rules.commands import release_decision
 
@@ -49,16 +49,16 @@ async def release(
     answers = [r for r in results if r is not None]
     ok = release_decision(answers, quorum.majority) in ("released", "repeated")
     states = [_release_state(r, dry_run, token is not None) for r in results]
-    names = [inst.name for inst in quorum.members]
+    names = [member.name for member in quorum.members]
     if output == "json":
+        members = [{"member": n, "result": s} for n, s in zip(names, states, strict=True)]
         print_json({
             **id_fields(message_id), "token": token, "dry_run": dry_run,
-            "instances": [{"instance": n, "result": s} for n, s in zip(names, states, strict=True)],
-            "deleted": deleted, "no_mark": unmarked, "size": quorum.size,
-            "majority": quorum.majority, "released": ok,
+            **per_member(members), "deleted": deleted, "no_mark": unmarked,
+            "size": quorum.size, "majority": quorum.majority, "released": ok,
         })  # fmt: skip
         return 0 if ok else 1
-    print(table(("instance", "result"), list(zip(names, states, strict=True))))
+    print(table(("member", "result"), list(zip(names, states, strict=True))))
     verb = "would be released" if dry_run else "released"
     free = f" (no live mark on {unmarked})" if unmarked else ""
     print(f"{verb} on {deleted} of {quorum.size} members{free}: {'ok' if ok else 'NOT released'}")

@@ -43,7 +43,8 @@ async def test_inspect_shows_owner_and_ttl_and_release_lets_a_resend_through(
 ):
     topics = Topics(names)
     await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
+    servers = redis_servers(3)
+    settings = make_settings(broker, topics, redis_urls(servers))
     config = write_toml(tmp_path / "g.toml", settings)
     async with running(settings) as gateway:
         await produce(broker, topics.raw, [COPY])
@@ -52,10 +53,17 @@ async def test_inspect_shows_owner_and_ttl_and_release_lets_a_resend_through(
 
         shown = await cli(config, "inspect", "m-1")
         assert shown.returncode == 0, shown.stderr
-        assert shown.stdout.count(token) == 3  # the owner on every instance
-        assert "absent" not in shown.stdout
+        assert shown.stdout.count(token) == 3  # the owner on every member
+        assert "absent" not in shown.stdout and shown.stdout.startswith("marks for id m-1")
+        assert shown.stdout.splitlines()[1].split()[0] == "member"
         as_json = json.loads((await cli(config, "inspect", "m-1", "--output", "json")).stdout)
-        assert [i["owner"] for i in as_json["instances"]] == [token] * 3
+        members = [s.name_label for s in servers]
+        assert [(m["member"], m["owner"]) for m in as_json["members"]] == [
+            (name, token) for name in members
+        ]
+        # The former keys, kept for one release (CHANGELOG.md): the same entries.
+        for old, new in zip(as_json["instances"], as_json["members"], strict=True):
+            assert old.pop("instance") == new.pop("member") and old == new
 
         wrong = await cli(config, "release", "m-1", "--token", "123")
         assert wrong.returncode == 1 and "NOT released" in wrong.stdout
@@ -63,8 +71,13 @@ async def test_inspect_shows_owner_and_ttl_and_release_lets_a_resend_through(
         assert dry.returncode == 0 and "would be released on 3 of 3" in dry.stdout
         assert (await cli(config, "inspect", "m-1")).stdout.count(token) == 3  # still held
         right = await cli(config, "release", "m-1", "--token", token, "--output", "json")
-        assert right.returncode == 0 and json.loads(right.stdout)["deleted"] == 3
-        # Asked again, for real or dry, every instance says it released it before.
+        released = json.loads(right.stdout)
+        assert right.returncode == 0 and released["deleted"] == 3
+        assert [m["member"] for m in released["members"]] == members
+        assert released["instances"] == [
+            {"instance": name, "result": "released"} for name in members
+        ]
+        # Asked again, for real or dry, every member says it released it before.
         for again in ([], ["--dry-run"]):
             repeat = await cli(config, "release", "m-1", "--token", token, *again)
             assert repeat.returncode == 0, repeat.stdout
@@ -313,7 +326,7 @@ async def test_operator_commands_wait_for_a_member_busy_past_the_data_paths_time
         return cast(dict[str, Any], json.loads(capsys.readouterr().out))
 
     looked = await while_busy(inspect(settings, b"m-1", "json"))
-    assert [i["answered"] for i in looked["instances"]] == [True, True, True]
+    assert [m["answered"] for m in looked["members"]] == [True, True, True]
     dry = await while_busy(rebuild(settings, servers[0].name_label, source=None,
                                    dry_run=True, output="json"))  # fmt: skip
     assert dry["error"] is None and dry["sources"] == [busy.name_label, servers[2].name_label]
