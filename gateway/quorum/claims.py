@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -23,19 +24,16 @@ from gateway.quorum.transport import Planned, Transport, chunks, place
 from gateway.rules.vote import MINE, Reply
 
 
+@dataclass
 class Claims:
     """The claims of one quorum's members."""
 
-    def __init__(
-        self, members: Sequence[MemberLink], via: Callable[[MemberLink], Transport],
-        epochs: Epochs, fills: Fills, behind: Behind, paths: ClaimPaths,
-    ) -> None:  # fmt: skip
-        self.members = list(members)
-        self.via = via  # standalone or Redis Cluster
-        self.epochs = epochs
-        self.fills = fills
-        self.behind = behind
-        self.paths = paths
+    members: Sequence[MemberLink]
+    via: Callable[[MemberLink], Transport]  # standalone or Redis Cluster
+    epochs: Epochs
+    fills: Fills
+    behind: Behind
+    paths: ClaimPaths
 
     async def claim(self, digests: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
         """Per member, the reply for each digest: MINE, the owner that holds it, or

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from gateway.metrics import Metrics
 from gateway.quorum.behind import Behind
@@ -27,20 +28,17 @@ logger = logging.getLogger(__name__)
 Repair = tuple[bytes, str, str]
 
 
+@dataclass
 class Repairs:
     """The repairs, fills and behind notes of one quorum's members."""
 
-    def __init__(
-        self, members: Sequence[MemberLink], via: Callable[[MemberLink], Transport],
-        fills: Fills, behind: Behind, epochs: Epochs, metrics: Metrics, timeout: float,
-    ) -> None:  # fmt: skip
-        self.members = list(members)
-        self.via = via  # standalone or Redis Cluster
-        self.fills = fills
-        self.behind = behind
-        self.epochs = epochs
-        self.metrics = metrics
-        self.timeout = timeout  # `[redis] timeout`, seconds
+    members: Sequence[MemberLink]
+    via: Callable[[MemberLink], Transport]  # standalone or Redis Cluster
+    fills: Fills
+    behind: Behind
+    epochs: Epochs
+    metrics: Metrics
+    timeout: float  # `[redis] timeout`, seconds
 
     async def settle(
         self, repairs: Sequence[list[Repair]], fills: Sequence[Iterable[Fill]]
