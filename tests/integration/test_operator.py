@@ -39,12 +39,10 @@ async def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_inspect_shows_owner_and_ttl_and_release_lets_a_resend_through(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    servers = redis_servers(3)
-    settings = make_settings(broker, topics, redis_urls(servers))
+    s = await stack(raw_partitions=1, clean_partitions=1)
+    topics, servers, settings = s.topics, s.servers, s.settings
     config = write_toml(tmp_path / "g.toml", settings)
     async with running(settings) as gateway:
         await produce(broker, topics.raw, [COPY])
@@ -89,14 +87,13 @@ async def test_inspect_shows_owner_and_ttl_and_release_lets_a_resend_through(
 
 
 async def test_redrive_reinjects_a_dead_letter_which_is_then_forwarded_again(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=1, clean_partitions=1,
         failures={"max_attempts": 1, "backoff_initial": "1ms"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "g.toml", settings)
     async with running(settings) as gateway:
         m = gateway.metrics
@@ -148,11 +145,10 @@ async def test_redrive_reinjects_a_dead_letter_which_is_then_forwarded_again(
 
 
 async def test_inspect_and_release_take_an_id_that_is_not_utf8_as_base64_or_hex(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)), dedup={"id": "key"})
+    s = await stack(raw_partitions=1, clean_partitions=1, dedup={"id": "key"})
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "g.toml", settings)
     binary = b"\xff\xfe-bin"
     async with running(settings) as gateway:
@@ -171,12 +167,9 @@ async def test_inspect_and_release_take_an_id_that_is_not_utf8_as_base64_or_hex(
         assert counter_value(gateway.metrics.forwarded) == 2
 
 
-async def test_an_unconditional_release_needs_yes_without_a_terminal(
-    broker, redis_servers, names, tmp_path
-):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
+async def test_an_unconditional_release_needs_yes_without_a_terminal(broker, stack, tmp_path):
+    s = await stack(raw_partitions=1, clean_partitions=1)
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "g.toml", settings)
     async with running(settings):
         await produce(broker, topics.raw, [COPY])
