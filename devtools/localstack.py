@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,12 +44,33 @@ class LocalStackError(RuntimeError):
     """A local server could not be started."""
 
 
+FIRST_PORT = 10_000  # free_port picks from here to the kernel's ephemeral range
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the kernel's
+    ephemeral range when there is room: a port in that range can be taken, between
+    this check and the server's bind, as the local port of any outgoing connection (a
+    gateway under test failed to bind its health port so, in a loaded `make test`)."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(FIRST_PORT, low) if low - FIRST_PORT >= 1000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # taken: another one
+                continue
+            found: int = sock.getsockname()[1]
+            return found
+    raise LocalStackError(f"no free port between {FIRST_PORT} and {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def wait_for_port(

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gateway.errors import ConfigError
+
 
 class HealthServer:
     """`/healthz`: the process is alive. `/readyz`: `is_ready()` says so (else 503)."""
@@ -29,7 +31,14 @@ class HealthServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # in use, or not an address of this host: one line, exit 2
+            await self._runner.cleanup()
+            raise ConfigError(
+                f"metrics.port: cannot listen on {self.host}:{self.port} ({exc.strerror or exc});"
+                " choose a free port ([metrics] port, GATEWAY_METRICS__PORT)"
+            ) from exc
         if self.port == 0:  # an ephemeral port was asked for: record the real one
             server = site._server
             assert server is not None

@@ -31,15 +31,18 @@ from devtools.traffic import produce_traffic
 IDS = 400
 KILLS = 3
 COMMANDS_AT_ONCE = 10
-FEED_S = 12.0  # longer than KILLS restarts of the gateway process
 
 
-async def feed(broker: str, topic: str, commands: list[RawTuple]) -> None:
-    """The commands as Spark sends them, a few at a time over about 12 s: a read back
-    takes milliseconds, so all at once the retries were over before the first kill."""
+async def feed(broker: str, topics: Topics, commands: list[RawTuple]) -> None:
+    """The commands as Spark sends them, a few at a time, each few once the retries of
+    all but the last two are out: retries are under way until the last command, however
+    long the gateway takes to start. (All at once, a read back taking milliseconds, the
+    retries were over before the first kill; over a fixed 12 s, a slow start on a loaded
+    host let them pile up and the same happened.)"""
     for start in range(0, len(commands), COMMANDS_AT_ONCE):
-        await produce(broker, topic, commands[start : start + COMMANDS_AT_ONCE])
-        await asyncio.sleep(FEED_S * COMMANDS_AT_ONCE / len(commands))
+        if (done := start - 2 * COMMANDS_AT_ONCE) > 0:
+            await read_topic(broker, topics.clean, min_records=IDS + done, timeout_s=120)
+        await produce(broker, topics.failures, commands[start : start + COMMANDS_AT_ONCE])
 
 
 def retried(records: list[ConsumerRecord[bytes, bytes]]) -> Counter[bytes]:
@@ -64,7 +67,7 @@ async def test_kill_during_commands_loses_no_retry(broker, redis_servers, names,
         await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
         clean = await read_topic(broker, topics.clean, min_records=IDS)
         commands = [failure_command(r, "boom") for r in clean]
-        feeding = asyncio.create_task(feed(broker, topics.failures, commands))
+        feeding = asyncio.create_task(feed(broker, topics, commands))
         rng = random.Random(3)
         seen = IDS
         for _ in range(KILLS):

@@ -18,7 +18,7 @@ from spark_sink.config import DEFAULT_HANDLER, load_sink_settings
 def test_defaults():
     settings = load_sink_settings()
     assert settings.spark.handler == DEFAULT_HANDLER
-    assert settings.spark.max_records_per_batch == 50_000
+    assert settings.spark.max_records_per_batch == 100_000
     assert settings.spark.trigger_interval == timedelta(seconds=5)
     assert settings.spark.dedup_watermark == timedelta(minutes=10)
     assert settings.spark.source == "auto"
