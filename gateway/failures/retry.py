@@ -60,7 +60,7 @@ from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.backoff import backoff_delay
-from gateway.rules.commands import handover_decision, handover_of
+from gateway.rules.commands import goes_to_dead_letter, handover_decision, handover_of
 from gateway.rules.ids import build_extractor
 from gateway.rules.lanes import lane_headers
 
@@ -128,7 +128,7 @@ class Retries:
             decision = handover_decision(answers, self.quorum.majority)
             if decision == "act":
                 self.metrics.releases.labels("handed_over").inc()
-                dead = cmd.attempt >= self.failures.max_attempts
+                dead = goes_to_dead_letter(cmd, self.failures.max_attempts)
                 delay = 0.0 if dead else self._backoff(cmd.attempt)
                 self._schedule(now + delay, _Due(cmd, tp, rec.offset, dead, part))
             elif decision == "skip":
@@ -184,7 +184,7 @@ class Retries:
         count them: a copy of a transaction that aborts is not counted (its command is
         redone)."""
         for cmd in commands:
-            if cmd.attempt >= self.failures.max_attempts:
+            if goes_to_dead_letter(cmd, self.failures.max_attempts):
                 self.metrics.dead_lettered.inc()
             else:
                 self.metrics.retries.labels(str(cmd.attempt + 1)).inc()

@@ -70,13 +70,18 @@ def handover_decision(answers: Sequence[int], majority: int) -> str:
     return "wait"
 
 
+def goes_to_dead_letter(cmd: Command, max_attempts: int) -> bool:
+    """Whether the command's effect is the dead letter (its attempt was the last), not a retry."""
+    return cmd.attempt >= max_attempts
+
+
 def handover_of(cmd: Command, max_attempts: int) -> Handover:
     """The mark's handover from the command's failed attempt to the next one (or to
     the dead letter), with the source record's other attempts' tokens: a member still
     holding an earlier one missed a handover; one holding a later one (or the dead
     letter's) shows the command is stale."""
     src = (cmd.topic, cmd.partition, cmd.offset)
-    dead = cmd.attempt >= max_attempts
+    dead = goes_to_dead_letter(cmd, max_attempts)
     nxt = dead_token(*src) if dead else owner_token(*src, cmd.attempt + 1)
     # No attempt past max_attempts is ever forwarded, whatever a command says.
     earlier = [owner_token(*src, k) for k in range(1, min(cmd.attempt, max_attempts + 1))]
