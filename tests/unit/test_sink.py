@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+import pytest
+from aiokafka.errors import ProducerFenced
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from bench.datapath import BuildingProducer
@@ -85,3 +87,33 @@ async def test_a_batch_of_several_records_over_the_limit_is_sent_whole_never_cut
     big: OutRow = (b"k", b"v" * 5000, 1, [("dedup-source", b"raw/0/7")], 0)
     await asyncio.gather(*await sink.send("clean", [big]))
     assert producer.sent[1:] == [(kafka.quarantine_topic, 1)]  # alone and over: set aside
+
+
+class FencedAfterOne(BuildingProducer):
+    """Queues the first batch (its future left pending), then is fenced."""
+
+    def __init__(self) -> None:
+        super().__init__(partitions=2)
+        self.queued: list[asyncio.Future[Any]] = []
+
+    async def send_batch(
+        self, batch: BatchBuilder, topic: str, *, partition: int
+    ) -> asyncio.Future[Any]:
+        if self.queued:
+            raise ProducerFenced()
+        self.queued.append(asyncio.get_running_loop().create_future())
+        return self.queued[0]
+
+
+async def test_batches_queued_before_a_send_fails_have_their_failure_seen():
+    """The send raises the fence; the batch queued before it fails the same way later,
+    and nobody awaits it: asyncio logged it as a traceback (chaos seed 21003)."""
+    producer = FencedAfterOne()
+    sink = Sink(cast(Any, producer), KafkaSettings(bootstrap_servers="127.0.0.1:9"), Metrics())
+    rows: list[OutRow] = [(None, b"v", 1, [], p) for p in (0, 1)]  # one batch per partition
+    with pytest.raises(ProducerFenced):
+        await sink.send("clean", rows)
+    (queued,) = producer.queued
+    queued.set_exception(ProducerFenced())
+    await asyncio.sleep(0)  # done callbacks run on the next loop pass
+    assert not queued._log_traceback  # type: ignore[attr-defined]
