@@ -25,14 +25,14 @@ class HandoverReply(IntEnum):
     NOT_OURS = 0
     HANDED_OVER_NOW = 1
     HANDED_OVER_BEFORE = 2
-    HANDED_OVER_BY_ANOTHER_COPY = 3  # one whose command ref sorts first
+    # 3 is no longer answered: another copy's handover answers that copy's ref (a str).
     EFFECT_DONE = 4
     HELD_BY_LATER_ATTEMPT = 5
-    HANDED_OVER_BY_A_LATER_COPY = 6  # another copy whose command ref sorts after this one's
+    HANDED_OVER_BY_AN_UNNAMED_COPY = 6  # another copy, whose note is gone
 
 
 HELD_BY_ANOTHER, RELEASED_NOW, RELEASED_BEFORE, NO_LIVE_MARK = ReleaseReply
 RELEASED = (RELEASED_NOW, RELEASED_BEFORE)
-(NOT_OURS, HANDED_OVER_NOW, HANDED_OVER_BEFORE, HANDED_OVER_BY_ANOTHER_COPY, EFFECT_DONE,
- HELD_BY_LATER_ATTEMPT, HANDED_OVER_BY_A_LATER_COPY) = HandoverReply  # fmt: skip
+(NOT_OURS, HANDED_OVER_NOW, HANDED_OVER_BEFORE, EFFECT_DONE, HELD_BY_LATER_ATTEMPT,
+ HANDED_OVER_BY_AN_UNNAMED_COPY) = HandoverReply  # fmt: skip
 MOVED = (HANDED_OVER_NOW, HANDED_OVER_BEFORE)

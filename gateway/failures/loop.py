@@ -283,7 +283,7 @@ def undecided(
     part: CommandPartition,
     rec: Record,
     cmd: Command,
-    answers: list[int],
+    answers: Sequence[int | str],
     majority: int,
 ) -> int:
     """No majority of counted members agreed on a command: its partition waits there

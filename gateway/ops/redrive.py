@@ -158,7 +158,7 @@ class _Redrive:
         digest, token = mark_digest(message_id), dead_token(topic, partition, offset)
         if self.dry_run:
             views = await self.quorum.admin.inspect(digest)
-            replies: list[int | None] = [
+            replies: list[int | str | None] = [
                 None if v is None else would_release(v, token) for v in views
             ]
         else:

@@ -37,7 +37,9 @@ async def release(
     try:
         if dry_run:
             views = await quorum.admin.inspect(digest)
-            results = [None if v is None else would_release(v, token) for v in views]
+            results: list[int | str | None] = [
+                None if v is None else would_release(v, token) for v in views
+            ]
         elif token is not None:
             replies = await quorum.release([digest], [token])
             results = [r[0] for r in replies]
@@ -78,7 +80,7 @@ def would_release(view: MarkView, token: str | None) -> int:
     return RELEASED_BEFORE if view.owner == TOMBSTONE + token else HELD_BY_ANOTHER
 
 
-def _release_state(result: int | None, dry_run: bool, with_token: bool) -> str:
+def _release_state(result: int | str | None, dry_run: bool, with_token: bool) -> str:
     if result is None:
         return "no answer"
     if result == RELEASED_BEFORE:

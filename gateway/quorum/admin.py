@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from gateway.quorum.calls import Calls
+from gateway.quorum.calls import Calls, ItemReply
 from gateway.quorum.keys import handover_key
 from gateway.quorum.link import MemberLink
 from gateway.quorum.members import Group, group_of
@@ -37,7 +37,7 @@ class Admin:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
 
-    async def delete(self, digest: bytes) -> list[int | None]:
+    async def delete(self, digest: bytes) -> list[ItemReply | None]:
         """Release the mark whoever holds it (operator release; a tombstone,
         gateway/quorum/keys.py); per member 1 released, 0 absent or released already,
         None for no answer (or a member that is not counted)."""

@@ -14,6 +14,16 @@ from gateway.quorum.epochs import Epochs
 from gateway.quorum.link import MemberLink
 from gateway.quorum.transport import Planned, Transport, place
 
+# A script's reply per item: a code, or a string it names (HANDOVER: another copy's ref).
+ItemReply = int | str
+
+
+def reply(x: Any) -> ItemReply:
+    """A member's reply to one item as the rules read it: bytes decoded, codes as ints."""
+    if isinstance(x, bytes):
+        return x.decode()
+    return x if isinstance(x, str) else int(x)
+
 
 class Calls:
     """Calls on the members of one quorum."""
@@ -58,22 +68,22 @@ class Calls:
     async def per_item_on_counted(
         self, what: str, digests: Sequence[bytes],
         plan: Callable[..., Planned], needs_epoch: bool = False,
-    ) -> list[list[int | None]]:  # fmt: skip
+    ) -> list[list[ItemReply | None]]:  # fmt: skip
         """Per member, per digest, the reply of the calls `plan` makes (one reply per
         item); None where it gave no answer, or where the vote must not count it (not
         trusted, or paused). With `needs_epoch` the plan takes the member's epoch id first,
         and a member whose epoch is not known is not called (a script that writes needs it)."""
         await self.epochs_known()
 
-        async def one(member: MemberLink) -> list[int | None]:
-            out: list[int | None] = [None] * len(digests)
+        async def one(member: MemberLink) -> list[ItemReply | None]:
+            out: list[ItemReply | None] = [None] * len(digests)
             if needs_epoch and (member.epoch is None or member.paused):
                 return out
             planner = partial(plan, member.epoch.id) if needs_epoch and member.epoch else plan
             for positions, result in await self.via(member).grouped(member, what, digests, planner):
                 if result is not None:
-                    place(out, positions, [int(x) for x in result] if isinstance(result, list)
-                           else [int(result)])  # fmt: skip
+                    place(out, positions, [reply(x) for x in result] if isinstance(result, list)
+                           else [reply(result)])  # fmt: skip
             if not member.trusted or member.paused:
                 return [None] * len(digests)
             return out

@@ -38,7 +38,7 @@ from gateway.metrics import Metrics
 from gateway.quorum import scripts
 from gateway.quorum.admin import Admin
 from gateway.quorum.behind import Behind
-from gateway.quorum.calls import Calls
+from gateway.quorum.calls import Calls, ItemReply
 from gateway.quorum.catchup import CatchUp
 from gateway.quorum.claim_path import ClaimPaths
 from gateway.quorum.claims import Claims
@@ -241,7 +241,7 @@ class Quorum:
 
     async def release(
         self, digests: Sequence[bytes], tokens: Sequence[str]
-    ) -> list[list[int | None]]:
+    ) -> list[list[ItemReply | None]]:
         """Per member, per digest: 1 released now, 2 released from that token before
         (a repeated or redone command), 3 no live mark, 0 held by another owner; None
         for no answer (or a member that is not counted)."""
@@ -252,7 +252,7 @@ class Quorum:
 
         return await self.per_item_on_counted("release", digests, plan)
 
-    async def handover(self, marks: Sequence[Handover]) -> list[list[int | None]]:
+    async def handover(self, marks: Sequence[Handover]) -> list[list[ItemReply | None]]:
         """Per member, per command, HANDOVER's reply (`HANDED_OVER_NOW` ...
         `NOT_OURS`, above); None for no answer (or a member that is not counted)."""
         digests = [m.digest for m in marks]
@@ -283,7 +283,7 @@ class Quorum:
     async def per_item_on_counted(
         self, what: str, digests: Sequence[bytes],
         plan: Callable[..., Planned], needs_epoch: bool = False,
-    ) -> list[list[int | None]]:  # fmt: skip
+    ) -> list[list[ItemReply | None]]:  # fmt: skip
         """Per member, per digest, the counted replies (gateway/quorum/calls.py)."""
         return await self.calls.per_item_on_counted(what, digests, plan, needs_epoch)
 

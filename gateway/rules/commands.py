@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.contract.commands import Command
 from gateway.contract.replies import (
     EFFECT_DONE,
-    HANDED_OVER_BY_A_LATER_COPY,
-    HANDED_OVER_BY_ANOTHER_COPY,
+    HANDED_OVER_BY_AN_UNNAMED_COPY,
     HELD_BY_LATER_ATTEMPT,
     MOVED,
     NO_LIVE_MARK,
@@ -35,36 +35,36 @@ class Handover:
     later: Sequence[str] = ()
 
 
-def handover_decision(answers: Sequence[int], majority: int) -> str:
-    """What to do with a failure command, from the counted members' HANDOVER replies
-    (scripts.HANDOVER): "act" (hand over and retry or dead-letter), "skip" (stale, or
-    another copy's, or done) or "wait" (no majority yet: retry the command later).
+def handover_decision(answers: Sequence[int | str], majority: int, ref: str) -> str:
+    """What to do with the failure command delivered as `ref`, from the counted members'
+    HANDOVER replies (scripts.HANDOVER; another copy's handover answers that copy's
+    ref): "act" (hand over and retry or dead-letter), "skip" (stale, or another copy's,
+    or done) or "wait" (no majority yet: retry the command later).
 
     `EFFECT_DONE` is written only after the effect was acknowledged, so one member
     saying so settles it: a member that missed that note (it gave no answer to
     `mark_done`) says `HANDED_OVER_BEFORE` ("redo") instead, and with a third member
     recovering that tie would hold the command partition forever (chaos seed 1).
     `HELD_BY_LATER_ATTEMPT` settles it too: a later command acted, so this one had.
-    When the members that hold the next attempt now are a majority only with those
-    another copy of the command moved (two copies each took one of two counted
-    members), the copy whose command ref sorts first acts and the other skips: both
-    see the same two refs (`HANDED_OVER_BY_ANOTHER_COPY`: the other's sorts first,
-    `HANDED_OVER_BY_A_LATER_COPY`: it sorts after). Both acting sent the retry twice
-    under one token (chaos seed 20001: 10 repeats); waiting would hold the partition
-    until the third member is counted again. If the gateway of the one that acts
-    crashes first, it acts when its command is replayed (its own moves then answer
-    `HANDED_OVER_BEFORE`)."""
+    A copy whose moves are a majority acts, and every other copy sees that majority
+    under its ref and skips. When no copy has a majority alone but the members the
+    copies moved together are one (two copies each took one of two counted members,
+    three each one of three), the copy whose ref sorts first among those that moved a
+    member acts: each sees the same refs. Both acting sent the retry twice under one
+    token (chaos seed 20001); none acting would lose it. If the gateway of the one
+    that acts crashes first, it acts when its command is replayed (its own moves then
+    answer `HANDED_OVER_BEFORE`). A copy whose note is gone sorts after every ref."""
     if EFFECT_DONE in answers or HELD_BY_LATER_ATTEMPT in answers:
         return "skip"
     mine = sum(1 for a in answers if a in MOVED)
-    first = answers.count(HANDED_OVER_BY_ANOTHER_COPY)
-    theirs = first + answers.count(HANDED_OVER_BY_A_LATER_COPY)
+    others = Counter(a for a in answers if isinstance(a, str))
+    unnamed = answers.count(HANDED_OVER_BY_AN_UNNAMED_COPY)
     if mine >= majority:
         return "act"
-    if theirs >= majority:
+    if unnamed >= majority or any(n >= majority for n in others.values()):
         return "skip"
-    if mine + theirs >= majority:
-        return "skip" if first else "act"
+    if mine + unnamed + sum(others.values()) >= majority:
+        return "act" if mine and all(ref < other for other in others) else "skip"
     if len(answers) - mine >= majority:
         return "skip"
     return "wait"
@@ -91,7 +91,7 @@ def handover_of(cmd: Command, max_attempts: int) -> Handover:
     return Handover(mark_digest(cmd.id), cmd.token, nxt, cmd.ref, earlier, later)
 
 
-def release_decision(answers: Sequence[int], majority: int) -> str:
+def release_decision(answers: Sequence[int | str], majority: int) -> str:
     """What a release command did, from the counted members' RELEASE replies (1
     released now, 2 released before from that token, 3 no live mark, 0 held by
     another owner): "released", "repeated" (released, every one of them before: the

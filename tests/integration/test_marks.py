@@ -173,12 +173,12 @@ async def test_a_handover_moves_the_mark_and_a_second_copy_of_the_command_does_n
 
     assert await quorum.handover(command("failures/0/5")) == [[1]]
     assert await quorum.handover(command("failures/0/5")) == [[2]]  # crash replay
-    assert await quorum.handover(command("failures/1/9")) == [[3]]  # another copy, after it
-    assert await quorum.handover(command("failures/0/1")) == [[6]]  # one whose ref sorts first
+    # Another copy of the command is answered the ref of the copy that moved the mark.
+    assert await quorum.handover(command("failures/1/9")) == [["failures/0/5"]]
+    assert await quorum.handover(command("failures/0/1")) == [["failures/0/5"]]
     await quorum.mark_done([mark], ["failures/0/5"])
     assert await quorum.handover(command("failures/0/5")) == [[4]]
-    assert await quorum.handover(command("failures/1/9")) == [[3]]
-    assert await quorum.handover(command("failures/0/1")) == [[6]]
+    assert await quorum.handover(command("failures/1/9")) == [["failures/0/5"]]
     assert await quorum.handover(command("failures/0/6", "77", "78")) == [[0]]  # stale
     assert await quorum.claim([mark], ["5"]) == [["2"]]
 
@@ -233,7 +233,8 @@ async def test_a_replay_of_a_handover_finds_its_note_for_as_long_as_the_mark_liv
     (view,) = await quorum.admin.inspect(mark)
     assert view is not None and view.owner == "2", "the mark expired: the slice opened late"
     assert await quorum.handover(command) == [[2]]  # a crash replay: redo the retry
-    assert await quorum.handover([Handover(mark, "1", "2", "failures/1/9")]) == [[3]]
+    another_copy = [Handover(mark, "1", "2", "failures/1/9")]
+    assert await quorum.handover(another_copy) == [["failures/0/5"]]
 
 
 async def test_changing_ttl_or_bucket_count_keeps_the_marks_already_claimed(

@@ -244,7 +244,7 @@ async def test_auto_uses_the_module_where_loaded_and_lua_elsewhere_and_logs_each
         # The members connect concurrently: their lines come in any order.
         lines = [r.getMessage() for r in caplog.records if "claims run as" in r.getMessage()]
         assert len(lines) == 3
-        by_member = {s.name_label: [line for line in lines if s.name_label in line] for s in servers}
+        by_member = {s.name_label: [ln for ln in lines if s.name_label in ln] for s in servers}
         assert all(len(found) == 1 for found in by_member.values()), by_member
         assert "claims run as the native module command" in by_member[servers[0].name_label][0]
         for server in servers[1:]:

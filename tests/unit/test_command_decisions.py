@@ -3,11 +3,15 @@ their HANDOVER and RELEASE replies (gateway/failures/release.py, retry.py)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gateway.contract.commands import Command
 from gateway.contract.tokens import dead_token, mark_digest, owner_token
 from gateway.rules.commands import handover_decision, handover_of, release_decision
+
+OWN, BEFORE, AFTER, LAST = "failures/0/5", "failures/0/1", "failures/1/2", "failures/1/9"
 
 
 @pytest.mark.parametrize(
@@ -16,21 +20,30 @@ from gateway.rules.commands import handover_decision, handover_of, release_decis
         ([1, 1, 1], 2, "act"),  # handed over now
         ([2, 2], 2, "act"),  # a replay whose effect is not done: redo it
         ([1, 2, 0], 2, "act"),
-        ([3, 3, 1], 2, "skip"),  # another copy of the command handed it over
+        ([BEFORE, BEFORE, 1], 2, "skip"),  # another copy handed it over on a majority
+        ([AFTER, AFTER, 1], 2, "skip"),  # whatever its ref: it acts on its own
+        ([1, 1, AFTER], 2, "act"),  # this copy's majority: the other sees it and skips
         ([0, 0], 2, "skip"),  # stale
         ([2, 4], 2, "skip"),  # done on one member: its note is written after the ack
         ([2, 2, 4], 2, "skip"),
-        ([6, 6, 1], 2, "skip"),  # a later copy took a majority
-        # Moved on a majority only with another copy's members: the copy whose ref
-        # sorts first acts, rather than both (a retry twice under one token) or
-        # neither until the third member is counted again.
-        ([1, 6], 2, "act"),
-        ([6, 2], 2, "act"),
-        ([1, 3], 2, "skip"),
-        ([3, 2], 2, "skip"),
-        ([1, 6, 3], 2, "skip"),
-        ([1, 1, 6, 6, 0], 3, "act"),
-        ([0, 3], 2, "skip"),
+        ([6, 6, 1], 2, "skip"),  # copies whose notes are gone took a majority
+        # Moved on a majority only with other copies' members: the copy whose ref sorts
+        # first among them acts, rather than two (a retry twice under one token) or
+        # none until a member is counted again.
+        ([1, AFTER], 2, "act"),
+        ([AFTER, 2], 2, "act"),
+        ([1, BEFORE], 2, "skip"),
+        ([BEFORE, 2], 2, "skip"),
+        ([1, 6], 2, "act"),  # a copy whose note is gone sorts after
+        ([1, AFTER, LAST], 2, "act"),  # three copies, one member each
+        ([BEFORE, 1, AFTER], 2, "skip"),
+        ([1, AFTER, BEFORE], 2, "skip"),
+        ([1, 1, AFTER, AFTER, 0], 3, "act"),
+        ([1, 1, AFTER, LAST, BEFORE], 3, "skip"),  # none alone a majority of five
+        ([1, AFTER, AFTER, LAST, LAST], 3, "act"),
+        ([AFTER, AFTER, AFTER, 1, 1], 3, "skip"),
+        ([0, BEFORE], 2, "skip"),
+        ([0, AFTER], 2, "skip"),
         ([0, 6], 2, "skip"),
         ([1, 5], 2, "skip"),  # a later attempt holds it: a later command acted
         ([2, 2, 5], 2, "skip"),
@@ -40,9 +53,28 @@ from gateway.rules.commands import handover_decision, handover_of, release_decis
     ],
 )
 def test_a_done_note_settles_a_command_and_otherwise_a_majority_decides(
-    answers: list[int], majority: int, decision: str
+    answers: list[int | str], majority: int, decision: str
 ) -> None:
-    assert handover_decision(answers, majority) == decision
+    assert handover_decision(answers, majority, OWN) == decision
+
+
+def test_copies_that_split_the_members_agree_on_exactly_one_that_acts() -> None:
+    """Every way two to five copies can share out the members' handovers: each copy sees
+    the others' refs, and exactly one acts (the one with a majority alone, else the
+    first ref among those that moved a member)."""
+    for members, copies in ((3, 2), (3, 3), (5, 3), (5, 4), (5, 5)):
+        majority = members // 2 + 1
+        refs = [f"failures/{n}/7" for n in range(copies)]
+        for moved_by in itertools.product(range(copies), repeat=members):
+            alone = [c for c in range(copies) if moved_by.count(c) >= majority]
+            expected = refs[alone[0] if alone else min(moved_by)]
+            acting = [
+                ref for c, ref in enumerate(refs)
+                if c in moved_by and handover_decision(
+                    [1 if m == c else refs[m] for m in moved_by], majority, ref
+                ) == "act"
+            ]  # fmt: skip
+            assert acting == [expected], (members, moved_by)
 
 
 @pytest.mark.parametrize(

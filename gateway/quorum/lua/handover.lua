@@ -18,11 +18,11 @@
 -- token followed by a comma); per mark.
 -- Reply per mark (named in gateway/contract/replies.py): 1 handed over now, 2 handed over
 -- by this same command before but its effect not yet done (a replay: redo it),
--- 3 handed over by another copy of the command whose ref sorts before this one's,
--- 6 by one whose ref sorts after it (or whose note is gone), 4 this command's effect
--- is done, 5 held by a later attempt, 0 held by another owner. Or 'epoch:<epoch
--- held>'. 3 and 6 let two copies that each moved some members agree on the one
--- that acts (gateway/rules/commands.py).
+-- the ref of another copy of the command that handed it over (a string), 6 handed
+-- over by a copy whose note is gone, 4 this command's effect is done, 5 held by a
+-- later attempt, 0 held by another owner. Or 'epoch:<epoch held>'. The other copy's
+-- ref lets copies that each moved some members agree on the one that acts
+-- (gateway/rules/commands.py).
 
 local epoch_id, digests = ARGV[5], ARGV[6]
 local marks = #KEYS - 1  -- KEYS[2..]: each mark's handover key
@@ -46,8 +46,7 @@ for i = 1, marks do
     elseif last == ref .. '!done' then
       out[i] = 4
     else
-      local other = last and string.gsub(last, '!done$', '')
-      if other and other < ref then out[i] = 3 else out[i] = 6 end
+      out[i] = last and (string.gsub(last, '!done$', '')) or 6
     end
   elseif held and string.find(',' .. later, ',' .. held .. ',', 1, true) then
     out[i] = 5
