@@ -13,9 +13,11 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
+from redis import ConnectionPool
 
 from gateway.config import (
     CoalesceSettings,
@@ -27,6 +29,7 @@ from gateway.config import (
     TomlSettings,
     load,
 )
+from gateway.member_urls import masked
 
 # Every record passes: a first run on plain records writes them all and releases none.
 DEFAULT_HANDLER = "spark_sink.handlers:passthrough"
@@ -68,6 +71,11 @@ class SparkSettings(BaseModel):
     # again); "auto": off only when every path into the clean topic is transactional
     # (`spark_sink.preflight.delivery_dedup_needed`), else on. docs/guarantees.md.
     delivery_dedup: Literal["auto", "on", "off"] = "auto"
+    # Where the delivery dedup keeps its tokens: empty, Spark's state store in the
+    # checkpoint; a redis://, rediss:// or unix:// URL, a Redis 7.0+ server (keys
+    # `dedup-spark:*`, expiring after dedup_watermark), with no state in the query
+    # (spark_sink.redis_dedup). Switching needs a new checkpoint_dir.
+    dedup_redis: str = ""
     # "auto": Spark's own Kafka connector when its classes are on the classpath,
     # else the Python source in spark_sink.kafka_source.
     source: Literal["auto", "native", "python"] = "auto"
@@ -92,6 +100,25 @@ class SparkSettings(BaseModel):
         if not module.strip() or not name.strip():
             raise ValueError(f"expected 'module:function', got {spec!r}")
         return spec
+
+    @field_validator("dedup_redis")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        if not url:
+            return url
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {masked(url)!r}")
+        if parts.scheme == "unix" and not parts.path:
+            raise ValueError(f"a unix:// URL needs the socket's path, got {masked(url)!r}")
+        database = parts.path.strip("/")
+        if parts.scheme != "unix" and (not parts.hostname or (not database.isdigit() and database)):
+            raise ValueError(f"expected redis[s]://host[:port][/db], got {masked(url)!r}")
+        try:
+            ConnectionPool.from_url(url)  # what the job's client will parse (no connection)
+        except ValueError as exc:
+            raise ValueError(f"{masked(url)!r}: {masked(str(exc))}") from None
+        return url
 
     @field_validator("trigger_interval", "dedup_watermark")
     @classmethod

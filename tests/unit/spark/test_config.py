@@ -21,6 +21,7 @@ def test_defaults():
     assert settings.spark.max_records_per_batch == 100_000
     assert settings.spark.trigger_interval == timedelta(seconds=5)
     assert settings.spark.dedup_watermark == timedelta(minutes=10)
+    assert settings.spark.dedup_redis == ""  # the state store
     assert settings.spark.source == "auto"
     assert settings.spark.delivery_dedup == "auto"
     assert (settings.log.level, settings.log.json_format) == ("INFO", False)
@@ -53,6 +54,10 @@ def test_shared_toml_file_gateway_sections_ignored_and_env_overrides(tmp_path: P
         ({"trigger_interval": "0s"}, "spark.trigger_interval", "positive"),
         ({"source": "jdbc"}, "spark.source", "auto"),
         ({"delivery_dedup": "yes"}, "spark.delivery_dedup", "auto"),
+        ({"dedup_redis": "http://h:6379"}, "spark.dedup_redis", "redis://, rediss:// or unix://"),
+        ({"dedup_redis": "redis://:pw@h:port"}, "spark.dedup_redis", "redis://:***@h:port"),
+        ({"dedup_redis": "redis://h/zero"}, "spark.dedup_redis", "host[:port][/db]"),
+        ({"dedup_redis": "unix://"}, "spark.dedup_redis", "socket's path"),
     ],
 )
 def test_bad_spark_setting_is_named(spark, setting, hint):
@@ -60,6 +65,7 @@ def test_bad_spark_setting_is_named(spark, setting, hint):
         load_sink_settings(spark=spark)
     assert f"invalid setting {setting}:" in str(err.value)
     assert hint in str(err.value)
+    assert ":pw@" not in str(err.value)  # a password is never printed
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path):
