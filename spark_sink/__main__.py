@@ -17,6 +17,7 @@ from gateway.config import ConfigError, LogSettings
 from gateway.errors import BrokerUnreachable
 from gateway.logs import configure
 from spark_sink.config import load_sink_settings
+from spark_sink.preflight import DedupRedisUnreachable
 
 # The `spark` extra's modules the job imports (pyproject.toml).
 SPARK_EXTRA = ("pyspark", "pyarrow", "confluent_kafka")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a setting that only the started session can check
         print(f"spark_sink: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except BrokerUnreachable as exc:
+    except (BrokerUnreachable, DedupRedisUnreachable) as exc:
         print(f"spark_sink: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     return 0

@@ -45,6 +45,7 @@ from spark_sink.connector import (
 from spark_sink.handlers import Handler, resolve_handler
 from spark_sink.metrics import JobListener, JobMetrics, SinkCountsCollector, serve_metrics
 from spark_sink.preflight import Decision, preflight
+from spark_sink.redis_dedup import drop_duplicate_deliveries_redis
 from spark_sink.sink import BatchSink
 from spark_sink.tables import count_table, sink_class, table_conf, table_jars_missing
 from spark_sink.transforms import (
@@ -316,10 +317,16 @@ def start_query(
 
     `sink` is the foreachBatch function, normally a `BatchSink`; `source` as
     `read_clean_topic` takes it; `delivery_dedup`: drop repeated deliveries
-    (`[spark] delivery_dedup` as `preflight` resolved it). A checkpoint keeps the
-    plan it started with: switching the dedup on or off needs a new `checkpoint_dir`."""
+    (`[spark] delivery_dedup` as `preflight` resolved it), in Spark's state store or,
+    with `[spark] dedup_redis`, in Redis (`spark_sink.redis_dedup`). A checkpoint keeps
+    the plan it started with: switching the dedup on or off, or between the state store
+    and Redis, needs a new `checkpoint_dir`."""
     records = parse_dedup_headers(read_clean_topic(spark, settings, source))
-    if delivery_dedup:
+    if delivery_dedup and settings.spark.dedup_redis:
+        records = drop_duplicate_deliveries_redis(
+            records, settings.spark.dedup_watermark, settings.spark.dedup_redis
+        )
+    elif delivery_dedup:
         records = drop_duplicate_deliveries(records, settings.spark.dedup_watermark)
     else:
         records = records.withColumn(PROCESSED_AT, batch_time())
@@ -345,7 +352,8 @@ def spark_checkpoint(settings: SinkSettings) -> str:
 def before_session(settings: SinkSettings) -> Decision:
     """What is checked before a Spark session starts, each failure one line naming the
     setting: `spark.source = "native"` without a connector (ConfigError), a broker
-    that does not answer within a second (BrokerUnreachable); returns whether to run
+    that does not answer within a second (BrokerUnreachable), the dedup's Redis
+    (`[spark] dedup_redis`) likewise (DedupRedisUnreachable); returns whether to run
     the delivery dedup (`spark_sink.preflight`)."""
     missing = native_connector_missing(settings) or table_jars_missing(settings)
     if missing is not None:

@@ -1,7 +1,8 @@
 """What the job checks before its Spark session starts (a JVM, seconds), each failure one
 line naming the setting: the broker answers within `BROKER_TIMEOUT_S`
 (`[kafka] bootstrap_servers`), and whether the delivery dedup is needed
-(`[spark] delivery_dedup`).
+(`[spark] delivery_dedup`); when it runs against Redis (`[spark] dedup_redis`), that the
+server answers within `REDIS_TIMEOUT_S` and accepts the claim command (Redis 7.0+).
 
 The delivery dedup drops a clean record whose `dedup-token` the job has seen: a repeat
 of one delivery. Under `read_committed` the gateway's transactional paths never show
@@ -21,8 +22,14 @@ import concurrent.futures
 import logging
 from dataclasses import dataclass
 
-from gateway.errors import BrokerUnreachable
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from gateway.config import ConfigError
+from gateway.errors import BrokerUnreachable, GatewayError
 from gateway.kafka.transactions import transactions_unsupported
+from gateway.member_urls import masked
 from gateway.ops.broker import reaching_broker
 from gateway.ops.topics import admin_client
 from spark_sink.config import SinkSettings
@@ -30,6 +37,21 @@ from spark_sink.config import SinkSettings
 logger = logging.getLogger(__name__)
 
 BROKER_TIMEOUT_S = 1.0
+REDIS_TIMEOUT_S = 1.0
+# The key the Redis check claims (and lets expire at once): the claim command the job runs.
+REDIS_PROBE_KEY = "dedup-spark:preflight"
+
+
+class DedupRedisUnreachable(GatewayError):
+    """No answer from the delivery dedup's Redis (`[spark] dedup_redis`) at start."""
+
+    retriable = True
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f'cannot connect to the delivery dedup\'s Redis: [spark] dedup_redis = "{masked(url)}" '
+            f"({reason})"
+        )
 
 
 @dataclass(frozen=True)
@@ -100,5 +122,35 @@ def preflight(settings: SinkSettings) -> Decision:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             no_transactions = pool.submit(asyncio.run, _check(settings)).result()
     decision = decide(settings, no_transactions)
-    logger.info("delivery dedup %s (%s)", "on" if decision.delivery_dedup else "off", decision.why)
+    url = settings.spark.dedup_redis
+    if decision.delivery_dedup and url:
+        check_dedup_redis(url)
+    where = f", tokens in Redis {masked(url)}" if decision.delivery_dedup and url else ""
+    logger.info(
+        "delivery dedup %s (%s%s)", "on" if decision.delivery_dedup else "off", decision.why, where
+    )
     return decision
+
+
+def check_dedup_redis(url: str) -> None:
+    """Run the dedup's claim command once on `REDIS_PROBE_KEY` (expiring in 1 ms):
+    `DedupRedisUnreachable` when the server does not answer within `REDIS_TIMEOUT_S`
+    or refuses the credentials; `ConfigError` when it refuses the command (a server
+    before 7.0 rejects NX with GET; an ACL without SET on `dedup-spark:*`)."""
+    client = redis.Redis.from_url(
+        url,
+        socket_timeout=REDIS_TIMEOUT_S,
+        socket_connect_timeout=REDIS_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),  # one try: the timeout is the check's whole budget
+    )
+    try:
+        client.execute_command("SET", REDIS_PROBE_KEY, "preflight", "NX", "GET", "PX", 1)  # type: ignore[no-untyped-call]
+    except redis.ResponseError as exc:
+        raise ConfigError(
+            f'[spark] dedup_redis = "{masked(url)}" refuses SET ... NX GET PX ({exc}): the '
+            "delivery dedup needs Redis 7.0 or later and SET on keys dedup-spark:*"
+        ) from None
+    except redis.RedisError as exc:  # no connection, no answer in time, not a Redis server
+        raise DedupRedisUnreachable(url, f"{type(exc).__name__}: {exc}") from None
+    finally:
+        client.close()
