@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pandas as pd
 import redis
@@ -55,19 +56,58 @@ def claim(
 ) -> list[bool]:  # fmt: skip
     """Claim each key `names[i]` for `values[i]` (`SET NX GET PX window_ms`, pipelined,
     no transaction): True where the row is kept (the key was free, or holds its own
-    value already), False where another value claimed it first."""
-    pipe = client(url).pipeline(transaction=False)
-    for name, value in zip(names, values, strict=True):
-        # get=True: redis-py's SET reply callback then returns the old value, not a bool.
-        pipe.execute_command("SET", name, value, "NX", "GET", "PX", window_ms, get=True)  # type: ignore[no-untyped-call]
+    value already), False where another value claimed it first.
+
+    The commands are written in Redis's protocol here and sent in one write on one of
+    the client's connections: redis-py's pipeline packs each command apart, about 3 x
+    the CPU per row. A lost connection is tried once more on a new one (a claim sent
+    twice answers the same: the second finds the row's own value)."""
+    px = str(window_ms).encode()
+    tail = b"\r\n$2\r\nNX\r\n$3\r\nGET\r\n$2\r\nPX\r\n$%d\r\n%b\r\n" % (len(px), px)
+    payload = b"".join(
+        [
+            b"*7\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b%b"
+            % (len(name), name, len(value), value, tail)
+            for name, value in zip(names, values, strict=True)
+        ]
+    )
+    if not names:
+        return []
+    pool = client(url).connection_pool
+    for attempt in (1, 2):
+        try:
+            replies = _send(pool, payload, len(names))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if attempt == 2:
+                raise failed(url, exc) from exc
+        except redis.RedisError as exc:  # an error reply
+            raise failed(url, exc) from exc
+        else:
+            kept = zip(replies, values, strict=True)
+            return [reply is None or reply == value for reply, value in kept]
+    raise AssertionError("unreachable")
+
+
+def _send(pool: redis.ConnectionPool, payload: bytes, commands: int) -> list[bytes | None]:
+    """Write `payload` on a connection of `pool` and read its `commands` replies; a
+    connection that failed, or whose replies are not all read, is closed."""
+    connection: Any = pool.get_connection()  # redis-py leaves its methods untyped
     try:
-        replies = pipe.execute()
-    except redis.RedisError as exc:
-        raise DedupRedisError(
-            f'the delivery dedup\'s Redis failed: {SETTING} = "{masked(url)}" '
-            f"({type(exc).__name__}: {exc}); the batch fails and is re-run"
-        ) from exc
-    return [reply is None or reply == value for reply, value in zip(replies, values, strict=True)]
+        connection.send_packed_command([payload])
+        return [connection.read_response() for _ in range(commands)]
+    except BaseException:
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+
+
+def failed(url: str, exc: Exception) -> DedupRedisError:
+    """The error a batch fails with when the dedup's Redis does: names the setting."""
+    return DedupRedisError(
+        f'the delivery dedup\'s Redis failed: {SETTING} = "{masked(url)}" '
+        f"({type(exc).__name__}: {exc}); the batch fails and is re-run"
+    )
 
 
 def claims_column(url: str, window: timedelta) -> Column:

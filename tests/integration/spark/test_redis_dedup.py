@@ -165,8 +165,8 @@ def test_the_state_store_and_redis_keep_the_same_rows(spark, broker, topics, ded
     records = [order(n % 7, partitions=3, attempt=1 + n // 14) for n in range(28)]
     records += [order(n, partitions=3, raw_offset=100 + n) for n in range(3)]
     produce(broker, topics[0], records)
-    state = settings_for(broker, topics, tmp_path / "state", max_records_per_batch=6)
-    in_redis = settings_for(broker, topics, tmp_path / "redis", max_records_per_batch=6,
+    state = settings_for(broker, topics, tmp_path / "state", max_records_per_batch=10)
+    in_redis = settings_for(broker, topics, tmp_path / "redis", max_records_per_batch=10,
                             dedup_redis=dedup_redis)  # fmt: skip
 
     by_state, by_redis = run_until_idle(state, spark=spark), run_until_idle(in_redis, spark=spark)
@@ -176,26 +176,32 @@ def test_the_state_store_and_redis_keep_the_same_rows(spark, broker, topics, ded
 
 
 def test_redis_failing_mid_run_fails_the_batch_naming_the_setting(spark, broker, topics, tmp_path):
-    """The server is gone after the start-up check: the batch fails with the setting
-    named, nothing is written; with Redis back, the next run processes the batch."""
-    port = free_port()
-    settings = settings_for(broker, topics, tmp_path, dedup_redis=f"redis://127.0.0.1:{port}/0")
-    produce(broker, topics[0], [order(n, partitions=3) for n in range(3)])
-    sink = make_sink(settings)
-    query = start_query(spark, settings, sink, available_now=True, delivery_dedup=True)
-    with pytest.raises(StreamingQueryException, match=r'\[spark\] dedup_redis = "redis://'):
-        query.awaitTermination()
-    query.stop()
-    sink.close()
-    assert (sink.counts.batches, sink.counts.written) == (0, 0)
-
-    server = redis_server(tmp_path, "back", port=port)
+    """The server goes away between two runs (the Python workers hold connections to
+    it): the batch fails with the setting named and nothing of it is written; with the
+    server back (empty), the next run processes the batch."""
+    server = redis_server(tmp_path, "dedup")
     server.start()
+    settings = settings_for(
+        broker, topics, tmp_path, dedup_redis=f"redis://127.0.0.1:{server.port}/0"
+    )
     try:
+        produce(broker, topics[0], [order(n, partitions=3) for n in range(3)])
+        assert run_until_idle(settings, spark=spark).written == 3
+        server.stop()
+        produce(broker, topics[0], [order(n, partitions=3) for n in range(3, 6)])
+        sink = make_sink(settings)
+        query = start_query(spark, settings, sink, available_now=True, delivery_dedup=True)
+        with pytest.raises(StreamingQueryException, match=r'\[spark\] dedup_redis = "redis://'):
+            query.awaitTermination()
+        query.stop()
+        sink.close()
+        assert (sink.counts.batches, sink.counts.written) == (0, 0)
+
+        server.start()
         report = run_until_idle(settings, spark=spark)
     finally:
         server.stop()
-    assert (report.input_rows, report.written) == (3, 3)
+    assert (report.input_rows, report.written, report.output_rows) == (3, 3, 6)
 
 
 def test_redis_down_at_start_stops_the_job_in_one_line(
