@@ -8,6 +8,9 @@
   handler that adds a null reason: what the example handler's parsing costs;
 - `spark-job-eos`: the same job without the delivery dedup, on gateway-3-eos's
   transactional clean topic (what `[spark] delivery_dedup = "auto"` runs there);
+- `spark-job-redis` (opt-in): spark-job with the delivery dedup's tokens in Redis
+  (`[spark] dedup_redis`: a redis-server the benchmark starts for it, emptied before
+  each run) instead of Spark's state store. Its CPU leaves that server's out;
 - `spark-floor`: a bare Structured Streaming query over the same source and
   options (`spark_sink.job.read_clean_topic`) into the `noop` sink: what
   Spark and the source cost before the job does anything.
@@ -42,12 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bench.measure import ThroughputRun
 from bench.processes import process_cpu
+from devtools.localstack import ManagedProcess, redis_server
 from gateway.contract.records import H_ATTEMPT, H_ID, H_SOURCE, H_TOKEN
 from spark_sink.config import SinkSettings, load_sink_settings
 from spark_sink.job import build_session, make_sink, read_clean_topic, spark_checkpoint, start_query
@@ -56,6 +61,7 @@ from spark_sink.transforms import REASON
 
 JOB, JOB_PASSTHROUGH, FLOOR = "spark-job", "spark-job-passthrough", "spark-floor"
 JOB_EOS = "spark-job-eos"  # the job without its delivery dedup
+JOB_REDIS = "spark-job-redis"  # the job with its delivery dedup in Redis
 # Unmeasured runs of each variant before its first measured one (the JIT's warm-up).
 WARMUP_RUNS = 2
 EXAMPLE_HANDLER = "spark_sink.handlers:orders"
@@ -104,6 +110,7 @@ class SparkBench:
         self._session: SparkSession | None = None
         self._own_session = False
         self._warmed: set[str] = set()
+        self._dedup_redis: ManagedProcess | None = None
 
     def settings(self, variant: str, topic: str) -> SinkSettings:
         work = self.state_dir / f"{topic}-{variant}"
@@ -112,8 +119,20 @@ class SparkBench:
             kafka={"bootstrap_servers": self.bootstrap, "clean_topic": topic,
                    "failure_topic": "bench-failures"},
             spark={"checkpoint_dir": str(work / "checkpoint"), "output_path": str(work / "output"),
-                   "master": "local[2]", "handler": EXAMPLE_HANDLER, "conf": SESSION_CONF},
+                   "master": "local[2]", "handler": EXAMPLE_HANDLER, "conf": SESSION_CONF,
+                   "dedup_redis": self.dedup_redis() if variant == JOB_REDIS else ""},
         )  # fmt: skip
+
+    def dedup_redis(self) -> str:
+        """The URL of spark-job-redis's redis-server (started on first use), emptied:
+        each run claims its tokens afresh, as the state store starts empty."""
+        if self._dedup_redis is None:
+            self._dedup_redis = redis_server(self.state_dir, "dedup-redis")
+            self._dedup_redis.start()
+        url = f"redis://127.0.0.1:{self._dedup_redis.port}/0"
+        with redis.Redis.from_url(url) as client:
+            client.flushall()
+        return url
 
     def session(self, settings: SinkSettings) -> SparkSession:
         if self._session is None:
@@ -187,6 +206,9 @@ class SparkBench:
         if self._session is not None and self._own_session:
             self._session.stop()
         self._session = None
+        if self._dedup_redis is not None:
+            self._dedup_redis.stop()
+            self._dedup_redis = None
 
 
 def _floor_query(spark: SparkSession, settings: SinkSettings) -> StreamingQuery:
