@@ -19,9 +19,11 @@ from pyspark.sql import SparkSession
 
 from devtools.localstack import free_port, redis_server
 from devtools.topics import create_topics
+from gateway.config import ConfigError
 from spark_sink.__main__ import main
 from spark_sink.config import SinkSettings, load_sink_settings
 from spark_sink.job import make_sink, run_until_idle, start_query
+from spark_sink.preflight import check_dedup_redis
 from spark_sink.redis_dedup import KEY_PREFIX
 from tests.integration.spark.session import Clean, order, produce
 from tests.integration.spark.test_job import CrashAfterBatch
@@ -220,3 +222,20 @@ def test_redis_down_at_start_stops_the_job_in_one_line(
         f"spark_sink: cannot connect to the delivery dedup's Redis: [spark] dedup_redis = "
         f'"{masked}" (ConnectionError: '
     ), line
+
+
+def test_a_server_that_refuses_the_claim_command_stops_the_job_naming_the_setting(redis_servers):
+    """An ACL without SET on the dedup's keys (as a server before 7.0 refuses NX with
+    GET): a ConfigError naming the setting, exit code 2 (`spark_sink.__main__`)."""
+    (server,) = redis_servers(1, password="admin-pw")
+    with redis.Redis(port=server.port, password="admin-pw") as admin:
+        admin.execute_command("ACL", "SETUSER", "job", "on", ">job-pw", "~*", "+@all", "-set")
+    url = f"redis://job:job-pw@127.0.0.1:{server.port}/0"
+    with pytest.raises(ConfigError) as err:
+        check_dedup_redis(url)
+    message = str(err.value)
+    assert message.startswith(
+        f'[spark] dedup_redis = "redis://job:***@127.0.0.1:{server.port}/0" refuses SET'
+    ), message
+    assert "Redis 7.0 or later" in message and "job-pw" not in message
+    check_dedup_redis(f"redis://:admin-pw@127.0.0.1:{server.port}/0")  # the default user may
