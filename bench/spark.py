@@ -10,7 +10,7 @@
   transactional clean topic (what `[spark] delivery_dedup = "auto"` runs there);
 - `spark-job-redis` (opt-in): spark-job with the delivery dedup's tokens in Redis
   (`[spark] dedup_redis`: a redis-server the benchmark starts for it, emptied before
-  each run) instead of Spark's state store. Its CPU leaves that server's out;
+  each run) instead of Spark's state store; the CPU columns leave that server out;
 - `spark-floor`: a bare Structured Streaming query over the same source and
   options (`spark_sink.job.read_clean_topic`) into the `noop` sink: what
   Spark and the source cost before the job does anything.
