@@ -8,7 +8,7 @@
   handler that adds a null reason: what the example handler's parsing costs;
 - `spark-job-eos`: the same job without the delivery dedup, on gateway-3-eos's
   transactional clean topic (what `[spark] delivery_dedup = "auto"` runs there);
-- `spark-job-redis` (opt-in): spark-job with the delivery dedup's tokens in Redis
+- `spark-job-redis`: spark-job with the delivery dedup's tokens in Redis
   (`[spark] dedup_redis`: a redis-server the benchmark starts for it, emptied before
   each run) instead of Spark's state store; the CPU columns leave that server out;
 - `spark-floor`: a bare Structured Streaming query over the same source and

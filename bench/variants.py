@@ -39,7 +39,7 @@
   `[spark] delivery_dedup = "auto"` runs it on an at-least-once clean topic;
 - `spark-job-eos`: the job on the clean topic gateway-3-eos wrote (transactional,
   read `read_committed`), without the delivery dedup, as "auto" runs it there;
-- `spark-job-redis` (opt-in): spark-job with its delivery dedup in Redis
+- `spark-job-redis`: spark-job with its delivery dedup in Redis
   (`[spark] dedup_redis`, a redis-server of its own) instead of a state store.
 
 All but gateway-3xN and the spark variants run in the benchmark's own process
@@ -112,7 +112,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("spark-job", redis=0, dedup=False, kind="spark"),
     Variant("spark-floor", redis=0, dedup=False, kind="spark"),
     Variant("spark-job-passthrough", redis=0, dedup=False, kind="spark", opt_in=True),
-    Variant("spark-job-redis", redis=0, dedup=False, kind="spark", opt_in=True),
+    Variant("spark-job-redis", redis=0, dedup=False, kind="spark"),
     Variant(
         "spark-job-eos",
         redis=0,

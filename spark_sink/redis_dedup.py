@@ -62,17 +62,9 @@ def claim(
     the client's connections: redis-py's pipeline packs each command apart, about 3 x
     the CPU per row. A lost connection is tried once more on a new one (a claim sent
     twice answers the same: the second finds the row's own value)."""
-    px = str(window_ms).encode()
-    tail = b"\r\n$2\r\nNX\r\n$3\r\nGET\r\n$2\r\nPX\r\n$%d\r\n%b\r\n" % (len(px), px)
-    payload = b"".join(
-        [
-            b"*7\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b%b"
-            % (len(name), name, len(value), value, tail)
-            for name, value in zip(names, values, strict=True)
-        ]
-    )
     if not names:
         return []
+    payload = pack_claims(names, values, window_ms)
     pool = client(url).connection_pool
     for attempt in (1, 2):
         try:
@@ -86,6 +78,21 @@ def claim(
             kept = zip(replies, values, strict=True)
             return [reply is None or reply == value for reply, value in kept]
     raise AssertionError("unreachable")
+
+
+def pack_claims(names: list[bytes], values: list[bytes], window_ms: int) -> bytes:
+    """`SET name value NX GET PX window_ms` for each pair, in Redis's protocol: the bytes
+    redis-py's `pack_commands` gives (tests/unit/spark/test_redis_dedup_pack.py), at
+    about a tenth of its CPU per command."""
+    px = str(window_ms).encode()
+    tail = b"\r\n$2\r\nNX\r\n$3\r\nGET\r\n$2\r\nPX\r\n$%d\r\n%b\r\n" % (len(px), px)
+    return b"".join(
+        [
+            b"*7\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b%b"
+            % (len(name), name, len(value), value, tail)
+            for name, value in zip(names, values, strict=True)
+        ]
+    )
 
 
 def _send(pool: redis.ConnectionPool, payload: bytes, commands: int) -> list[bytes | None]:

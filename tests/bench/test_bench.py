@@ -152,19 +152,29 @@ def test_the_spark_variants_read_gateway_3s_clean_topic_of_the_round_and_write_e
     text = (tmp_path / "RESULTS.md").read_text()
     gateways = {r["variant"]: r for r in written["runs"] if r["variant"].startswith("gateway-")}
     spark = {r["variant"]: r for r in written["runs"] if r["variant"].startswith("spark-")}
-    assert set(spark) == set(SPARK_SIDE) == {"spark-job", "spark-floor", "spark-job-eos"}
+    by_name = {v.name: v for v in VARIANTS}
+    assert set(spark) == set(SPARK_SIDE) == {
+        "spark-job", "spark-floor", "spark-job-eos", "spark-job-redis"
+    }  # fmt: skip
     for r in spark.values():
         assert r["correct"] and r["forwarded"] == r["records"] == r["expected_forwarded"], r
-        read = gateways["gateway-3-eos" if r["variant"] == "spark-job-eos" else "gateway-3"]
-        assert read["forwarded"] <= r["records"] <= read["forwarded"] + 1, r
+        reads = by_name[r["variant"]].reads
+        read = gateways[reads]
+        # Each spark variant's one-record batch adds a record to the topic it reads.
+        one_record_batches = sum(1 for v in SPARK_SIDE if by_name[v].reads == reads)
+        assert read["forwarded"] <= r["records"] <= read["forwarded"] + one_record_batches, r
         assert r["spark"]["jvm_cpu_s"] > 0 and r["spark"]["workers_cpu_s"] > 0, r
         assert r["spark"]["batch_fixed_s"] > 0 and r["spark"]["batches"] >= 1, r
         assert r["spark"]["phases_ms"]["addBatch"] > 0, r
     assert spark["spark-job"]["spark"]["failed"] == 0  # valid orders: nothing released
     targets = {t["target"]: t for t in written["targets"]}
     for name in ("spark-job / spark-floor", "spark-floor / gateway-3", "spark-job / gateway-3",
-                 "spark-job-eos / gateway-3", "Spark fixed cost per micro-batch, s"):  # fmt: skip
+                 "spark-job-eos / gateway-3", "spark-job-redis / gateway-3"):  # fmt: skip
         assert targets[name]["measured"] > 0, name
+    fixed = [t for t in written["targets"] if t["target"] == "Spark fixed cost per micro-batch, s"]
+    assert [t["where"].split(",")[0] for t in fixed] == [
+        "spark-job-eos", "spark-job-redis", "spark-job"
+    ] and all(t["measured"] > 0 for t in fixed), fixed  # fmt: skip
     (job,) = [s for s in written["spark"] if s["variant"] == "spark-job"]
     assert job["cpu_us_per_row"] == pytest.approx(
         job["driver_cpu_s_us_per_row"] + job["jvm_cpu_s_us_per_row"]
