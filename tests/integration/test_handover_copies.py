@@ -5,6 +5,8 @@ first, whichever order they ask in. Two acting sent the retry twice under one to
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from devtools.harness import redis_urls
@@ -15,71 +17,77 @@ from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import Handover, handover_decision
 
 
+@asynccontextmanager
+async def claimed_on_three(servers: Sequence[Any], digest: bytes) -> AsyncIterator[Quorum]:
+    """A quorum of the three servers (a 300 ms timeout) where token 11 holds `digest`."""
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
+    quorum = Quorum(settings.redis, Metrics())
+    try:
+        await quorum.check()
+        assert await quorum.claim([digest], ["11"]) == [[1], [1], [1]]
+        yield quorum
+    finally:
+        await quorum.close()
+
+
+async def reaching(
+    quorum: Quorum, servers: Sequence[Any], copy: Handover, hung: Sequence[int]
+) -> list[int | str | None]:
+    """The copy's handover while the `hung` servers are SIGSTOPped (no answer within the
+    timeout); the quorum checked again after, as the first call may meet a connection
+    the timeout closed."""
+    for n in hung:
+        servers[n].pause()
+    try:
+        replies = await quorum.handover([copy])
+    finally:
+        for n in hung:
+            servers[n].resume()
+    for _ in range(3):
+        await quorum.check()
+    return [r[0] for r in replies]
+
+
+async def decisions(quorum: Quorum, copies: Sequence[Handover], answering: int) -> dict[str, str]:
+    """Each copy asks again, as a command that waited does, and decides."""
+    decided = {}
+    for copy in copies:
+        replies = await quorum.handover([copy])
+        answers = [a for r in replies if (a := r[0]) is not None]
+        assert len(answers) == answering, replies
+        decided[copy.ref] = handover_decision(answers, quorum.majority, copy.ref)
+    return decided
+
+
 async def test_two_copies_splitting_the_counted_members_agree_on_the_first_ref(
     redis_servers: Any,
 ) -> None:
     servers = redis_servers(3)
-    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
-    quorum = Quorum(settings.redis, Metrics())
     digest = mark_digest(b"failed-twice")
     first, later = (Handover(digest, "11", "12", ref) for ref in ("failures/0/7", "failures/1/3"))
-    try:
-        await quorum.check()
-        assert await quorum.claim([digest], ["11"]) == [[1], [1], [1]]
+    async with claimed_on_three(servers, digest) as quorum:
         assert await quorum.admin.pause(quorum.members[2], True)  # not counted
         # The later copy reaches member 1 alone, then the first copy member 0 alone.
-        for copy, hung in ((later, 0), (first, 1)):
-            servers[hung].pause()  # SIGSTOP: no answer within the timeout
-            try:
-                replies = await quorum.handover([copy])
-            finally:
-                servers[hung].resume()
-            assert [r[0] for r in replies] == [None if n == hung else 1 for n in (0, 1)] + [None]
-        for _ in range(3):  # the first call may meet the connection the timeout closed
-            await quorum.check()
-        decided = {}
-        for copy in (later, first):  # each asks again, as a command that waited does
-            replies = await quorum.handover([copy])
-            answers = [a for r in replies if (a := r[0]) is not None]
-            assert len(answers) == 2, replies
-            decided[copy.ref] = handover_decision(answers, quorum.majority, copy.ref)
-        assert decided == {"failures/0/7": "act", "failures/1/3": "skip"}
-    finally:
-        await quorum.close()
+        assert await reaching(quorum, servers, later, hung=[0]) == [None, 1, None]
+        assert await reaching(quorum, servers, first, hung=[1]) == [1, None, None]
+        assert await decisions(quorum, (later, first), answering=2) == {
+            "failures/0/7": "act", "failures/1/3": "skip"
+        }  # fmt: skip
 
 
 async def test_three_copies_each_moving_one_of_three_members_agree_on_the_first_ref(
     redis_servers: Any,
 ) -> None:
     servers = redis_servers(3)
-    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "300ms"})
-    quorum = Quorum(settings.redis, Metrics())
     digest = mark_digest(b"failed-thrice")
     refs = ("failures/0/7", "failures/1/3", "failures/2/5")
     copies = [Handover(digest, "11", "12", ref) for ref in refs]
-    try:
-        await quorum.check()
-        assert await quorum.claim([digest], ["11"]) == [[1], [1], [1]]
-        # Copy n reaches member 2 - n alone: the others hang past the timeout.
-        for n, copy in enumerate(copies):
+    async with claimed_on_three(servers, digest) as quorum:
+        for n, copy in enumerate(copies):  # copy n reaches member 2 - n alone
             reached = 2 - n
-            hung = [servers[m] for m in range(3) if m != reached]
-            for server in hung:
-                server.pause()
-            try:
-                replies = await quorum.handover([copy])
-            finally:
-                for server in hung:
-                    server.resume()
-            assert [r[0] for r in replies] == [1 if m == reached else None for m in range(3)]
-            for _ in range(3):  # the first call may meet a connection the timeout closed
-                await quorum.check()
-        decided = {}
-        for copy in reversed(copies):  # each asks again, as a command that waited does
-            replies = await quorum.handover([copy])
-            answers = [a for r in replies if (a := r[0]) is not None]
-            assert len(answers) == 3, replies
-            decided[copy.ref] = handover_decision(answers, quorum.majority, copy.ref)
-        assert decided == {refs[0]: "act", refs[1]: "skip", refs[2]: "skip"}
-    finally:
-        await quorum.close()
+            hung = [m for m in range(3) if m != reached]
+            replies = await reaching(quorum, servers, copy, hung)
+            assert replies == [1 if m == reached else None for m in range(3)]
+        assert await decisions(quorum, list(reversed(copies)), answering=3) == {
+            refs[0]: "act", refs[1]: "skip", refs[2]: "skip"
+        }  # fmt: skip
