@@ -119,22 +119,22 @@ def failed(url: str, exc: Exception) -> DedupRedisError:
 
 def claims_column(url: str, window: timedelta) -> Column:
     """A boolean column: whether the row's delivery claim holds (`claim`), computed by a
-    vectorised UDF over only the topic, delivery key, attempt, partition and offset."""
+    vectorised UDF over two binary columns the JVM builds, the key
+    (`dedup-spark:<topic>:<delivery_key()>:<attempt>`) and the row's own value
+    (`<partition>:<offset>`): building them in pandas, on object columns, cost the
+    Python workers more than the claims did."""
     window_ms = max(1, round(window.total_seconds() * 1000))
 
-    def claimed(
-        topic: pd.Series, key: pd.Series, attempt: pd.Series, partition: pd.Series,
-        offset: pd.Series,
-    ) -> pd.Series:  # fmt: skip
-        names = (KEY_PREFIX + topic + ":" + key + ":" + attempt.astype(str)).str.encode("utf-8")
-        values = (partition.astype(str) + ":" + offset.astype(str)).str.encode("ascii")
+    def claimed(names: pd.Series, values: pd.Series) -> pd.Series:
         return pd.Series(claim(url, window_ms, names.tolist(), values.tolist()), dtype=bool)
 
     udf: Callable[..., Column] = pandas_udf(claimed, "boolean")  # type: ignore[call-overload]
-    return udf(
-        F.col("topic"), delivery_key(), F.col("dedup_attempt"), F.col("partition"),
-        F.col("offset"),
+    name = F.concat(
+        F.lit(KEY_PREFIX), F.col("topic"), F.lit(":"), delivery_key(), F.lit(":"),
+        F.col("dedup_attempt").cast("string"),
     )  # fmt: skip
+    value = F.concat(F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string"))
+    return udf(name.cast("binary"), value.cast("binary"))
 
 
 def drop_duplicate_deliveries_redis(records: DataFrame, window: timedelta, url: str) -> DataFrame:
@@ -154,10 +154,10 @@ def drop_duplicate_deliveries_redis(records: DataFrame, window: timedelta, url: 
     batch keeps exactly the rows it kept the first time, with no batch id, however often
     Spark evaluates the plan; the sink's re-run fingerprint (`spark_sink.sink`) holds.
 
-    The claims run in a pandas UDF over those five columns only, pipelined per Arrow
-    batch through one `redis.Redis` client per Python worker process (`client`); the
-    rows are then filtered on its result. Keys expire on their own (PX = the window), so
-    nothing grows in the query or its checkpoint; the window runs from a key's first
+    The claims run in a pandas UDF over the key and value only (built in the JVM),
+    pipelined per Arrow batch through one `redis.Redis` client per Python worker process
+    (`client`); the rows are then filtered on its result. Keys expire on their own (PX =
+    the window), so nothing grows in the query or its checkpoint; the window runs from a key's first
     claim in processing time, as the state store's does from its batch.
 
     A Redis failure mid-run raises `DedupRedisError` (naming the setting) in the task:
