@@ -31,6 +31,11 @@ from gateway.config import (
 )
 from gateway.member_urls import masked
 
+# The delivery dedup in Redis (spark_sink.redis_dedup): its setting, and the prefix of
+# every key it writes, `dedup-spark:<clean topic>:<delivery_key()>:<attempt>`. Here, not
+# there, so that the preflight names them without importing pandas and pyspark.
+DEDUP_REDIS_SETTING = "[spark] dedup_redis"
+DEDUP_REDIS_KEY_PREFIX = "dedup-spark:"
 # Every record passes: a first run on plain records writes them all and releases none.
 DEFAULT_HANDLER = "spark_sink.handlers:passthrough"
 

@@ -32,6 +32,8 @@ from gateway.kafka.transactions import transactions_unsupported
 from gateway.member_urls import masked
 from gateway.ops.broker import reaching_broker
 from gateway.ops.topics import admin_client
+from spark_sink.config import DEDUP_REDIS_KEY_PREFIX as KEY_PREFIX
+from spark_sink.config import DEDUP_REDIS_SETTING as SETTING
 from spark_sink.config import SinkSettings
 
 logger = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 BROKER_TIMEOUT_S = 1.0
 REDIS_TIMEOUT_S = 1.0
 # The key the Redis check claims (and lets expire at once): the claim command the job runs.
-REDIS_PROBE_KEY = "dedup-spark:preflight"
+REDIS_PROBE_KEY = f"{KEY_PREFIX}preflight"
 
 
 class DedupRedisUnreachable(GatewayError):
@@ -49,8 +51,7 @@ class DedupRedisUnreachable(GatewayError):
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(
-            f'cannot connect to the delivery dedup\'s Redis: [spark] dedup_redis = "{masked(url)}" '
-            f"({reason})"
+            f'cannot connect to the delivery dedup\'s Redis: {SETTING} = "{masked(url)}" ({reason})'
         )
 
 
@@ -147,8 +148,8 @@ def check_dedup_redis(url: str) -> None:
         client.execute_command("SET", REDIS_PROBE_KEY, "preflight", "NX", "GET", "PX", 1)  # type: ignore[no-untyped-call]
     except redis.ResponseError as exc:
         raise ConfigError(
-            f'[spark] dedup_redis = "{masked(url)}" refuses SET ... NX GET PX ({exc}): the '
-            "delivery dedup needs Redis 7.0 or later and SET on keys dedup-spark:*"
+            f'{SETTING} = "{masked(url)}" refuses SET ... NX GET PX ({exc}): the '
+            f"delivery dedup needs Redis 7.0 or later and SET on keys {KEY_PREFIX}*"
         ) from None
     except redis.RedisError as exc:  # no connection, no answer in time, not a Redis server
         raise DedupRedisUnreachable(url, f"{type(exc).__name__}: {exc}") from None

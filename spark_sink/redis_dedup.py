@@ -20,11 +20,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.functions import pandas_udf
 
 from gateway.member_urls import masked
+from spark_sink.config import DEDUP_REDIS_KEY_PREFIX as KEY_PREFIX
+from spark_sink.config import DEDUP_REDIS_SETTING as SETTING
 from spark_sink.transforms import PROCESSED_AT, batch_time, delivery_key
 
-# Every key the job writes: `dedup-spark:<clean topic>:<delivery_key()>:<attempt>`.
-KEY_PREFIX = "dedup-spark:"
-SETTING = "[spark] dedup_redis"
 # Seconds: a server that does not answer fails the batch instead of hanging it
 # (redis-py retries a lost connection a few times first; a repeated SET is harmless).
 SOCKET_TIMEOUT_S = 10.0
