@@ -45,8 +45,8 @@ class Claims:
         """
         if not digests:
             return [[] for _ in self.members]
-        if not self.epochs.read:
-            await self.epochs.refresh()
+        if not self.epochs.read:  # a first contact (connect, load the script): as patient
+            await self.epochs.refresh(patient=True)
         n, width = len(digests), len(digests[0])
         # What every standalone member gets the same of, built once per batch: a chunk's
         # digests and tokens, and the decoding of a chunk's replies another member
