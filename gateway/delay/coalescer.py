@@ -56,10 +56,9 @@ from gateway.rules.windows import (
     Closing,
     Verdict,
     WindowShape,
-    agreed_start,
     at_close,
-    late_by,
     parse_window,
+    place,
     source_of,
     version,
     window_header,
@@ -150,19 +149,14 @@ class Coalescer:
         late = []
         for i, (row, ts) in enumerate(zip(rows, stamps, strict=True)):
             said = [a[i] for a, c in zip(answers, counted, strict=True) if a is not None and c]
-            start = agreed_start([s for s, _, _ in said])
-            if start is None:  # no counted answer: the record's own window
-                start = ts - ts % self.shape.window_ms if self.shape.mode == "fixed" else ts
-            opened += sum(o for _, o, _ in said) * 2 > len(said)
-            prev = max((p for s, _, p in said if s == start), default=0)
-            if (lateness := late_by(self.shape, start, prev, now, self.grace_ms)) > 0:
-                late.append(lateness)
-            close = self.shape.close(start, max(ts, prev))
+            placed = place(self.shape, said, ts, now, self.grace_ms)
+            opened += placed.opened
+            if placed.lateness > 0:
+                late.append(placed.lateness)
             key, value, timestamp, headers, partition = row
-            out.append(
-                ((key, value, timestamp, [*headers, window_header(start, close)], partition),
-                 close + self.grace_ms)
-            )  # fmt: skip
+            header = window_header(placed.start, placed.close)
+            copy = (key, value, timestamp, [*headers, header], partition)
+            out.append((copy, placed.close + self.grace_ms))
         self.metrics.coalesce_updates.inc(len(rows))
         self.metrics.coalesce_windows_opened.inc(opened)
         self.metrics.coalesce_late.inc(len(late))

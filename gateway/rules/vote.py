@@ -73,11 +73,14 @@ class Decision:
     winner: str | None  # the owning token when decided
 
 
-def decide(own: str, replies: Sequence[Reply], quorum: int, counted: int | None = None) -> Decision:
+def decide(
+    own: str, replies: Sequence[Reply], majority: int, counted: int | None = None
+) -> Decision:
     """Decide one record from its per-member replies (see module docstring).
 
-    A reply that is not counted (a member that lost its marks) is passed as
-    None, and `counted` is the number of counted members (default: all).
+    `majority` is the count of marks that decides (N // 2 + 1 of N members). A reply
+    that is not counted (a member that lost its marks) is passed as None, and
+    `counted` is the number of counted members (default: all).
     """
     answered = [reply for reply in replies if reply is not None]
     if not answered:
@@ -86,7 +89,7 @@ def decide(own: str, replies: Sequence[Reply], quorum: int, counted: int | None 
     owners = Counter(holder(own, reply) for reply in answered)
     winner, marks = leader(owners, released)
     expected = len(replies) if counted is None else counted
-    if marks < quorum and (len(answered) < expected or expected < quorum):
+    if marks < majority and (len(answered) < expected or expected < majority):
         return Decision(Outcome.UNDECIDED, None)
     return Decision(Outcome.FORWARD if winner == own else Outcome.DUPLICATE, winner)
 
@@ -139,7 +142,7 @@ def tally(
     owners: Sequence[str],
     replies: Sequence[Sequence[Reply]],
     counted: Sequence[bool],
-    quorum: int,
+    majority: int,
 ) -> Tally:
     """Decide every record of a batch (`decide`) from `replies` (per member, per
     record); a member not `counted` (it lost its marks) answers, but does not count."""
@@ -152,7 +155,7 @@ def tally(
         """Record k by the rule (`decide`), with its repairs and fills."""
         owner = owners[k]
         votes = [r if c else None for r, c in zip(row, counted, strict=True)] if masked else row
-        decision = decide(owner, votes, quorum, trusted)
+        decision = decide(owner, votes, majority, trusted)
         if decision.winner is not None:
             for i, reply in enumerate(row):
                 if reply is None:

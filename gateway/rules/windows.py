@@ -116,6 +116,42 @@ def agreed_start(starts: Sequence[int]) -> int | None:
     return min(counts, key=lambda s: (-counts[s], s))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one decided-new row's update went: its window's start and close, whether
+    a majority of the answers opened the window, and how late the update was taken
+    (0 or less: in time)."""
+
+    start: int
+    close: int
+    opened: bool
+    lateness: int
+
+
+def place(
+    shape: WindowShape,
+    said: Sequence[tuple[int, bool, int]],
+    stamp: int,
+    now: int,
+    grace_ms: int,
+) -> Placement:
+    """A row's window from the counted members' answers to its update (pure): `said`
+    holds each counted answer's (window start, opened, newest timestamp before the
+    update). The start most of them answered; with no counted answer, the row's own
+    window (`stamp` aligned to the window in fixed mode, `stamp` itself in trailing)."""
+    start = agreed_start([s for s, _, _ in said])
+    if start is None:
+        start = stamp - stamp % shape.window_ms if shape.mode == "fixed" else stamp
+    opened = sum(o for _, o, _ in said) * 2 > len(said)
+    prev = max((p for s, _, p in said if s == start), default=0)
+    return Placement(
+        start=start,
+        close=shape.close(start, max(stamp, prev)),
+        opened=opened,
+        lateness=late_by(shape, start, prev, now, grace_ms),
+    )
+
+
 def window_header(start: int, close: int) -> tuple[str, bytes]:
     return (H_WINDOW, f"{start}/{close}".encode())
 
