@@ -25,6 +25,7 @@ from gateway.quorum.behind import ANY_RUN, Behind, Noted, noted_by_others
 from gateway.quorum.keys import EPOCH_RECOVERING, EPOCH_TRUSTED, Epoch
 from gateway.quorum.link import MemberLink, Trust
 from gateway.quorum.transport import Transport
+from gateway.rules.trust import decide_trust, epoch_served
 
 logger = logging.getLogger(__name__)
 
@@ -247,8 +248,8 @@ class Epochs:
                 extra={"redis": member.name},
             )  # fmt: skip
             member.set_paused(read.paused)
-        trusted = epoch is not None and (
-            epoch.state == EPOCH_TRUSTED or now_ms - epoch.since_ms >= self.recovery_ms
+        trusted = epoch is not None and epoch_served(
+            epoch.state == EPOCH_TRUSTED, epoch.since_ms, now_ms, self.recovery_ms
         )
         if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED and self.writes:
             # A whole mark lifetime has passed: say so on the member, for every gateway.
@@ -259,10 +260,11 @@ class Epochs:
             ):
                 epoch = promoted
         lost = epoch is not None and member.known_id is not None and member.known_id != epoch.id
-        trust = Trust.UNKNOWN if epoch is None else Trust.TRUSTED if trusted else Trust.RECOVERING
         lacks = self.behind.lacks(member.name)
-        if trust is Trust.TRUSTED and (behind or lacks):
-            trust = Trust.RECOVERING
+        marked = epoch is not None and epoch.state == EPOCH_TRUSTED
+        decided = decide_trust(epoch is not None, trusted, bool(behind) or lacks, marked)
+        trust = decided.trust
+        if trusted and (behind or lacks):
             if member.behind != behind and behind:
                 logger.warning(
                     "Redis member %s missed marks that gateway run(s) %s held as fills and "
@@ -276,8 +278,7 @@ class Epochs:
             logger.info("Redis member %s: no gateway run holds fills for it any more",
                         member.name, extra={"redis": member.name})  # fmt: skip
         member.behind = behind
-        member.set_behind(trust is Trust.RECOVERING and epoch is not None
-                        and epoch.state == EPOCH_TRUSTED and (bool(behind) or lacks))  # fmt: skip
+        member.set_behind(decided.lagging)
         if epoch is None and trust != member.reported:
             logger.warning(
                 "Redis member %s holds no epoch, and whether it lost its data cannot be "

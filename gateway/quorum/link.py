@@ -9,7 +9,6 @@ member, its key groups that are down) kept from the outcome.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections import deque
@@ -27,6 +26,7 @@ from gateway.member_urls import MemberUrl
 from gateway.metrics import Metrics
 from gateway.quorum.keys import Epoch
 from gateway.quorum.members import Group
+from gateway.rules.trust import TRUST_MOVES, Trust
 
 logger = logging.getLogger(__name__)
 _CLOSED_TRANSPORT = "unable to perform operation on"  # uvloop: the handle is closed
@@ -37,31 +37,7 @@ T = TypeVar("T")
 Fill = tuple[bytes, str, str]
 
 
-class Trust(enum.Enum):
-    """Whether a member's answers count in votes (gateway/quorum/epochs.py decides).
-
-    NEW -> UNKNOWN | RECOVERING | TRUSTED as its epoch is read; RECOVERING ->
-    TRUSTED after a rebuild, a catch-up or a whole mark lifetime; TRUSTED ->
-    RECOVERING when it lost its data (a new epoch) or missed marks (behind); any
-    -> UNKNOWN when a script finds another epoch than the one read (it lost its
-    data since), until the epochs are read again. Never back to NEW
-    (`TRUST_MOVES`, checked by `MemberLink.set_trust`)."""
-
-    NEW = ""  # not read yet
-    UNKNOWN = "unknown"  # no epoch known: nothing is sent that needs one
-    RECOVERING = "recovering"  # it lost its data: answers, but is not counted
-    TRUSTED = "trusted"
-
-
-# The moves a member's trust may make, from -> to (staying is a move too: every epoch
-# read decides it again). UNKNOWN is the trust of a member whose epoch is not known,
-# and only of one: RECOVERING and TRUSTED are decided from an epoch.
-TRUST_MOVES: dict[Trust, frozenset[Trust]] = {
-    Trust.NEW: frozenset({Trust.UNKNOWN, Trust.RECOVERING, Trust.TRUSTED}),
-    Trust.UNKNOWN: frozenset({Trust.UNKNOWN, Trust.RECOVERING, Trust.TRUSTED}),
-    Trust.RECOVERING: frozenset({Trust.RECOVERING, Trust.TRUSTED, Trust.UNKNOWN}),
-    Trust.TRUSTED: frozenset({Trust.TRUSTED, Trust.RECOVERING, Trust.UNKNOWN}),
-}
+__all__ = ["TRUST_MOVES", "IllegalTrustMove", "MemberLink", "Trust"]  # Trust: rules/trust.py
 
 
 class IllegalTrustMove(RuntimeError):
