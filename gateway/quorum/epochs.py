@@ -143,8 +143,9 @@ class Epochs:
             if epoch is None:
                 return None
         elif epoch is not None and self.writes:
-            epoch = await self._spread(member, epoch, [None if g is None else g[0] for g in reads],
-                                       spread_id)  # fmt: skip
+            epoch = await self._spread(
+                member, epoch, [None if g is None else g[0] for g in reads], spread_id
+            )
             if epoch is None:
                 return None
         return EpochRead(epoch, first.now_ms, has_marks, paused, first.behind, first.void)
@@ -159,10 +160,19 @@ class Epochs:
             return None
         raw, now_ms, has_marks, paused, spread, notes, written, void = got
         epoch = Epoch.parse(raw.decode(errors="replace")) if raw else None
-        behind = noted_by_others(notes or [], written or [], int(now_ms), self.behind.run_id,
-                                 self.behind.life_ms, self.behind.stale_ms)  # fmt: skip
-        voids = {_text(void[k]): int(void[k + 1]) for k in range(0, len(void or []) - 1, 2)
-                 if _text(void[k + 1]).isdigit()}  # fmt: skip
+        behind = noted_by_others(
+            notes or [],
+            written or [],
+            int(now_ms),
+            self.behind.run_id,
+            self.behind.life_ms,
+            self.behind.stale_ms,
+        )
+        voids = {
+            _text(void[k]): int(void[k + 1])
+            for k in range(0, len(void or []) - 1, 2)
+            if _text(void[k + 1]).isdigit()
+        }
         read = EpochRead(epoch, int(now_ms), bool(has_marks), bool(paused), behind, voids)
         return read, spread.decode(errors="replace") if spread else None
 
@@ -178,9 +188,12 @@ class Epochs:
         return epoch
 
     async def _spread(
-        self, member: MemberLink, epoch: Epoch, reads: list[EpochRead | None] | None,
+        self,
+        member: MemberLink,
+        epoch: Epoch,
+        reads: list[EpochRead | None] | None,
         spread_id: str | None,
-    ) -> Epoch | None:  # fmt: skip
+    ) -> Epoch | None:
         """Make every group of a cluster member hold its epoch (group 0's); the epoch,
         or None when another gateway changed it meanwhile (read again).
 
@@ -193,8 +206,12 @@ class Epochs:
         if reads is None:
             stale = list(range(1, count))
         else:
-            stale = [g for g in range(1, count) if (read := reads[g]) is not None
-                     and (read.epoch is None or read.epoch.id != epoch.id)]  # fmt: skip
+            stale = [
+                g
+                for g in range(1, count)
+                if (read := reads[g]) is not None
+                and (read.epoch is None or read.epoch.id != epoch.id)
+            ]
         if stale and spread_id == epoch.id and reads is not None and (first := reads[0]):
             fresh = Epoch(uuid.uuid4().hex[:16], first.now_ms, EPOCH_RECOVERING)
             logger.warning(
@@ -202,8 +219,10 @@ class Epochs:
                 "empty?): the member is recovering, as epoch %s",
                 member.name,
                 ", ".join(member.groups[g].prefix.decode(errors="replace") for g in stale),
-                epoch.id, fresh.id, extra={"redis": member.name},
-            )  # fmt: skip
+                epoch.id,
+                fresh.id,
+                extra={"redis": member.name},
+            )
             if await self._via(member).run_script(member, "epoch_set", [epoch.raw, fresh.raw]) != 1:
                 self.reread = True
                 return None
@@ -242,65 +261,33 @@ class Epochs:
         `behind`: the other gateway runs that noted it lacks marks they held."""
         epoch, now_ms = read.epoch, read.now_ms
         if read.paused != member.paused:
-            logger.warning(
-                "Redis member %s is %s", member.name,
-                "paused: not counted, no claims sent" if read.paused else "resumed",
-                extra={"redis": member.name},
-            )  # fmt: skip
+            say_paused(member, read.paused)
             member.set_paused(read.paused)
-        trusted = epoch is not None and epoch_served(
+        served = epoch is not None and epoch_served(
             epoch.state == EPOCH_TRUSTED, epoch.since_ms, now_ms, self.recovery_ms
         )
-        if epoch is not None and trusted and epoch.state != EPOCH_TRUSTED and self.writes:
-            # A whole mark lifetime has passed: say so on the member, for every gateway.
-            promoted = epoch.with_state(EPOCH_TRUSTED)
-            if (
-                await self._via(member).run_script(member, "epoch_set", [epoch.raw, promoted.raw])
-                == 1
-            ):
-                epoch = promoted
+        if epoch is not None and served and epoch.state != EPOCH_TRUSTED and self.writes:
+            epoch = await self._promote(member, epoch)
         lost = epoch is not None and member.known_id is not None and member.known_id != epoch.id
-        lacks = self.behind.lacks(member.name)
+        missed = bool(behind) or self.behind.lacks(member.name)
         marked = epoch is not None and epoch.state == EPOCH_TRUSTED
-        decided = decide_trust(epoch is not None, trusted, bool(behind) or lacks, marked)
+        decided = decide_trust(epoch is not None, served, missed, marked)
         trust = decided.trust
-        if trusted and (behind or lacks):
-            if member.behind != behind and behind:
-                logger.warning(
-                    "Redis member %s missed marks that gateway run(s) %s held as fills and "
-                    "did not send (stopped, or still sending): its answers are not counted "
-                    "until they are sent or a gateway caught it up (once a stopped run's note "
-                    "is stale), `dedup-gateway rebuild %s`, or 2 x ttl after the last note",
-                    member.name, ", ".join(sorted(behind)), member.name,
-                    extra={"redis": member.name},
-                )  # fmt: skip
-        elif trusted and member.behind and not behind:
-            logger.info("Redis member %s: no gateway run holds fills for it any more",
-                        member.name, extra={"redis": member.name})  # fmt: skip
+        if served:
+            say_behind(member, behind, missed)
         member.behind = behind
         member.set_behind(decided.lagging)
-        if epoch is None and trust != member.reported:
-            logger.warning(
-                "Redis member %s holds no epoch, and whether it lost its data cannot be "
-                "decided while fewer than a majority answer: its answers are not counted",
-                member.name, extra={"redis": member.name},
-            )  # fmt: skip
-        elif epoch is not None and not trusted and (lost or trust != member.reported):
-            logger.warning(
-                "Redis member %s %s (epoch %s, its data began %s): its answers are not "
-                "counted until `dedup-gateway rebuild %s` or %s",
-                member.name, "lost its data" if lost else "is recovering", epoch.id,
-                when(epoch.since_ms), member.name, when(epoch.since_ms + self.recovery_ms),
-                extra={"redis": member.name},
-            )  # fmt: skip
-        elif trust is Trust.TRUSTED and member.reported not in (Trust.NEW, Trust.TRUSTED):
-            logger.info(
-                "Redis member %s is trusted again", member.name, extra={"redis": member.name}
-            )
+        say_trust(member, epoch, trust, served, lost, self.recovery_ms)
         member.epoch, member.reported = epoch, trust
         if epoch is not None:
             member.known_id = epoch.id
         member.set_trust(trust)
+
+    async def _promote(self, member: MemberLink, epoch: Epoch) -> Epoch:
+        """A whole mark lifetime has passed: say so on the member, for every gateway."""
+        promoted = epoch.with_state(EPOCH_TRUSTED)
+        moved = await self._via(member).run_script(member, "epoch_set", [epoch.raw, promoted.raw])
+        return promoted if moved == 1 else epoch
 
     def lacks(self, member: MemberLink) -> None:
         """This run dropped fills for `member` (its backlog was full): it lacks marks this
@@ -308,9 +295,10 @@ class Epochs:
         if member.trust is Trust.TRUSTED:
             logger.warning(
                 "Redis member %s: fills for it were dropped (its repair backlog is full): "
-                "its answers are not counted until a gateway caught it up", member.name,
+                "its answers are not counted until a gateway caught it up",
+                member.name,
                 extra={"redis": member.name},
-            )  # fmt: skip
+            )
             member.reported = Trust.RECOVERING
             member.set_behind(True)
             member.set_trust(Trust.RECOVERING)
@@ -323,8 +311,7 @@ class Epochs:
             return True
         if reply.startswith(b"paused:"):
             if not member.paused:
-                logger.warning("Redis member %s is paused: not counted, no claims sent",
-                               member.name, extra={"redis": member.name})  # fmt: skip
+                say_paused(member, True)
             member.set_paused(True)
             return True
         return False
@@ -333,12 +320,77 @@ class Epochs:
         """A claim found another epoch: the member lost its data since we read it."""
         logger.warning(
             "Redis member %s holds epoch %r, not %r: nothing was written; re-reading epochs",
-            member.name, held, member.epoch.raw if member.epoch else None,
+            member.name,
+            held,
+            member.epoch.raw if member.epoch else None,
             extra={"redis": member.name},
-        )  # fmt: skip
+        )
         member.epoch = None
         self.reread = True
         member.set_trust(Trust.UNKNOWN)
+
+
+def say_paused(member: MemberLink, paused: bool) -> None:
+    logger.warning(
+        "Redis member %s is %s",
+        member.name,
+        "paused: not counted, no claims sent" if paused else "resumed",
+        extra={"redis": member.name},
+    )
+
+
+def say_behind(member: MemberLink, behind: set[str], missed: bool) -> None:
+    """Log a served member's marks missed by other runs, once, or that none are now."""
+    if missed and behind and member.behind != behind:
+        logger.warning(
+            "Redis member %s missed marks that gateway run(s) %s held as fills and "
+            "did not send (stopped, or still sending): its answers are not counted "
+            "until they are sent or a gateway caught it up (once a stopped run's note "
+            "is stale), `dedup-gateway rebuild %s`, or 2 x ttl after the last note",
+            member.name,
+            ", ".join(sorted(behind)),
+            member.name,
+            extra={"redis": member.name},
+        )
+    elif not missed and member.behind and not behind:
+        logger.info(
+            "Redis member %s: no gateway run holds fills for it any more",
+            member.name,
+            extra={"redis": member.name},
+        )
+
+
+def say_trust(
+    member: MemberLink,
+    epoch: Epoch | None,
+    trust: Trust,
+    served: bool,
+    lost: bool,
+    recovery_ms: int,
+) -> None:
+    """Log a member's trust when it changed from the one last logged (or it lost its
+    data again)."""
+    if epoch is None and trust != member.reported:
+        logger.warning(
+            "Redis member %s holds no epoch, and whether it lost its data cannot be "
+            "decided while fewer than a majority answer: its answers are not counted",
+            member.name,
+            extra={"redis": member.name},
+        )
+    elif epoch is not None and not served and (lost or trust != member.reported):
+        logger.warning(
+            "Redis member %s %s (epoch %s, its data began %s): its answers are not "
+            "counted until `dedup-gateway rebuild %s` or %s",
+            member.name,
+            "lost its data" if lost else "is recovering",
+            epoch.id,
+            when(epoch.since_ms),
+            member.name,
+            when(epoch.since_ms + recovery_ms),
+            extra={"redis": member.name},
+        )
+    elif trust is Trust.TRUSTED and member.reported not in (Trust.NEW, Trust.TRUSTED):
+        logger.info("Redis member %s is trusted again", member.name, extra={"redis": member.name})
 
 
 def _text(value: object) -> str:
