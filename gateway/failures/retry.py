@@ -125,7 +125,7 @@ class Retries:
         now = time.monotonic()
         for j, (rec, cmd) in enumerate(valid):
             answers = [a for r in replies if (a := r[j]) is not None]
-            decision = handover_decision(answers, self.quorum.majority, cmd.ref)
+            decision = handover_decision(answers, self.quorum.majority, cmd.ref, self.quorum.size)
             if decision == "act":
                 self.metrics.releases.labels("handed_over").inc()
                 dead = goes_to_dead_letter(cmd, self.failures.max_attempts)

@@ -7,8 +7,10 @@ A rebuild shortens that to the copy time, while the gateways keep running:
 1. Read every member's epoch; the member must answer and have one.
 2. Copy the sources' marks into it (gateway/quorum/copy.py): read bucket by
    bucket, each digest's owner picked by the vote's rule over the sources,
-   written with about the source's remaining lifetime. Every call names the
-   member's epoch: if it lost its data again meanwhile, the rebuild stops.
+   written with about the source's remaining lifetime, only where the member
+   still holds what the copy looked up there (a gateway's claim meanwhile
+   stays). Every call names the member's epoch: if it lost its data again
+   meanwhile, the rebuild stops.
 3. Set the member's epoch `trusted` (compare-and-set on the epoch read in 1),
    and make every gateway run's note that it is behind, written before the
    rebuild began, void on it (gateway/quorum/behind.py): a member that held
@@ -54,6 +56,7 @@ class Report:
     rewritten: int = 0  # held by another owner on the member: rewritten
     already_there: int = 0
     ties: int = 0  # sources split evenly: the smallest token was taken
+    changed: int = 0  # written on the member by a gateway since the copy read it: left
     epoch_before: str | None = None
     epoch_after: str | None = None
     error: str | None = None
@@ -124,6 +127,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
         report.marks_read, report.written, report.rewritten = (
             copied.marks_read, copied.written, copied.rewritten)  # fmt: skip
         report.already_there, report.ties = copied.already_there, copied.ties
+        report.changed = copied.changed
     if report.dry_run:
         report.epoch_after = epoch.raw
         return OK
@@ -171,7 +175,8 @@ def _print(report: Report, output: Literal["text", "json"]) -> None:
     print(f"rebuild {report.member} from {', '.join(report.sources) or '-'}{mode}")
     print(
         f"  marks read {report.marks_read}, written {report.written}, rewritten "
-        f"{report.rewritten}, already there {report.already_there}, ties {report.ties}"
+        f"{report.rewritten}, already there {report.already_there}, ties {report.ties}, "
+        f"changed meanwhile {report.changed}"
     )
     print(f"  epoch {report.epoch_before} -> {report.epoch_after}")
     if report.error:

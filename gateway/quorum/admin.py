@@ -17,8 +17,10 @@ from gateway.quorum.members import Group, group_of
 from gateway.quorum.transport import Planned
 
 # A mark a rebuild writes: digest, owner, remaining ms, handover note ('-': none, '?': keep
-# the member's), its remaining ms.
-Imported = tuple[bytes, str, int, str, int]
+# the member's), its remaining ms; then what the copy's lookup saw on the member, its
+# owner and its handover note ('' for none): it is written only while the member holds
+# those still (a live claim that landed since is left as it is).
+Imported = tuple[bytes, str, int, str, int, str, str]
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,19 @@ class Admin:
 
         return list(await asyncio.gather(*(one(member) for member in self.calls.members)))
 
-    async def lookup(self, member: MemberLink, digests: Sequence[bytes]) -> list[Any] | None:
-        """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `member`;
-        None when a call got no answer."""
+    async def lookup(
+        self, member: MemberLink, digests: Sequence[bytes], notes: bool = False
+    ) -> list[Any] | None:
+        """Per digest, [owner or b'', its bucket's remaining ms (-2: absent)] on `member`,
+        with `notes` also [handover note or b'', its remaining ms]; None when a call got
+        no answer."""
         if not digests:
             return []
         width = len(digests[0])
         return await self.calls.in_chunks(
             member, "lookup", digests,
-            lambda items: [width, b"".join(digests[k] for k in items)], width=2,
+            lambda items: [width, b"".join(digests[k] for k in items), "1" if notes else "0"],
+            width=4 if notes else 2,
         )  # fmt: skip
 
     async def export(self, member: MemberLink, group: int, cursor: list[Any], budget: int) -> Any:
@@ -88,10 +94,11 @@ class Admin:
     async def import_marks(
         self, member: MemberLink, epoch_id: str, marks: Sequence[Imported]
     ) -> list[int] | str | None:
-        """Write (digest, owner, remaining ms, handover note, its remaining ms) marks
-        into `member` (scripts.IMPORT; note '-': none, '?': keep the member's): per mark
-        0 there already, 1 written, 2
-        rewritten; 'epoch' when its epoch changed (it lost its data again); None for no
+        """Write (digest, owner, remaining ms, handover note, its remaining ms, owner and
+        note seen there) marks into `member` (scripts.IMPORT; note '-': none, '?': keep
+        the member's), each only where the member still holds what was seen: per mark
+        0 there already, 1 written, 2 rewritten, 3 changed since it was seen (left as it
+        is); 'epoch' when its epoch changed (it lost its data again); None for no
         answer."""
         digests = [mark[0] for mark in marks]
         width = len(digests[0])
@@ -101,7 +108,9 @@ class Admin:
                            "".join(f"{marks[k][1]}," for k in items),
                            "".join(f"{marks[k][2]}," for k in items),
                            "".join(f"{marks[k][3]}," for k in items),
-                           "".join(f"{marks[k][4]}," for k in items)],
+                           "".join(f"{marks[k][4]}," for k in items),
+                           "".join(f"{marks[k][5]}," for k in items),
+                           "".join(f"{marks[k][6]}," for k in items)],
             width=1,
         )  # fmt: skip
         if flat is None:

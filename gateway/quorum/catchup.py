@@ -8,8 +8,9 @@ that answered those votes, which are counted. So the quorum's watch (every
 `[redis] ping_interval`) starts a catch-up of such a member, one at a time:
 
 1. Take the member's lease (`<prefix>catch-up`, on the member: one gateway at a
-   time; renewed after every call, given up at the end). Its clock then is
-   the cut-off: the notes covered are those written up to it.
+   time; renewed after every EXPORT call and before every IMPORT call, given up
+   at the end). Its clock then is the cut-off: the notes covered are those
+   written up to it.
 2. Copy every live mark of the counted members into it (gateway/quorum/copy.py;
    members this run holds fills for, or dropped some for, are no source), at
    most `MARKS_PER_S`, counted in `dedup_gateway_catchup_marks_total`, a log line
@@ -136,12 +137,19 @@ class CatchUp:
                             member.name, copied.marks_read, fraction * 100,
                             extra={"redis": member.name})  # fmt: skip
             await asyncio.sleep(found / MARKS_PER_S)
+            await renew()
+
+        async def renew() -> None:
+            # After every EXPORT call and before every IMPORT call: a gateway stalled
+            # between them (a pause, a long GC) finds its lease gone rather than write
+            # what it read before (IMPORT leaves what changed since its lookup anyway).
             if not await behind.lease(member, LEASE_MS):
                 raise CopyError("its lease was lost (another gateway took it over?)")
 
         metrics.catchup_running.labels(member.name).set(1)
         try:
-            await copy_marks(self.admin, member, epoch.id, sources, copied, advance)
+            await copy_marks(self.admin, member, epoch.id, sources, copied, advance,
+                             before_import=renew)  # fmt: skip
             if stale:
                 await behind.forget(member, stale, cut_off)
         except (CopyError, ForgetError) as exc:
@@ -158,9 +166,10 @@ class CatchUp:
         metrics.catchups.labels(member.name, "done").inc()
         logger.warning(
             "Redis member %s caught up in %.1fs: %d marks read from %s, %d written, %d "
-            "rewritten, %d already there", member.name, time.monotonic() - started,
-            copied.marks_read, ", ".join(s.name for s in sources), copied.written,
-            copied.rewritten, copied.already_there, extra={"redis": member.name},
+            "rewritten, %d already there, %d changed there meanwhile (left as written)",
+            member.name, time.monotonic() - started, copied.marks_read,
+            ", ".join(s.name for s in sources), copied.written, copied.rewritten,
+            copied.already_there, copied.changed, extra={"redis": member.name},
         )  # fmt: skip
         await self.refresh_epochs()
         return True

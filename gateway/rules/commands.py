@@ -35,11 +35,12 @@ class Handover:
     later: Sequence[str] = ()
 
 
-def handover_decision(answers: Sequence[int | str], majority: int, ref: str) -> str:
+def handover_decision(answers: Sequence[int | str], majority: int, ref: str, size: int) -> str:
     """What to do with the failure command delivered as `ref`, from the counted members'
     HANDOVER replies (scripts.HANDOVER; another copy's handover answers that copy's
-    ref): "act" (hand over and retry or dead-letter), "skip" (stale, or another copy's,
-    or done) or "wait" (no majority yet: retry the command later).
+    ref) among `size` members: "act" (hand over and retry or dead-letter), "skip"
+    (stale, or another copy's, or done) or "wait" (no majority yet: retry the command
+    later).
 
     `EFFECT_DONE` is written only after the effect was acknowledged, so one member
     saying so settles it: a member that missed that note (it gave no answer to
@@ -53,18 +54,37 @@ def handover_decision(answers: Sequence[int | str], majority: int, ref: str) -> 
     member acts: each sees the same refs. Both acting sent the retry twice under one
     token (chaos seed 20001); none acting would lose it. If the gateway of the one
     that acts crashes first, it acts when its command is replayed (its own moves then
-    answer `HANDED_OVER_BEFORE`). A copy whose note is gone sorts after every ref."""
+    answer `HANDED_OVER_BEFORE`). A copy whose note is gone sorts after every ref.
+
+    That rule needs every member's answer: a member that gave none, or that this
+    gateway does not count (another gateway may count it: one run dropped fills for
+    it, another did not), may hold another copy's move, which makes that copy a
+    majority alone or puts a smaller ref among the movers. So with answers missing
+    the split is decided only where every answer they could give decides it the same
+    way: "skip" when this copy can be the one that acts in none of them, else "wait"
+    until they are known (before, copy A seeing [1, B's ref] of three acted while
+    B's gateway, counting the third member B had moved, saw [A's ref, 1, 1] and
+    acted too)."""
     if EFFECT_DONE in answers or HELD_BY_LATER_ATTEMPT in answers:
         return "skip"
     mine = sum(1 for a in answers if a in MOVED)
     others = Counter(a for a in answers if isinstance(a, str))
     unnamed = answers.count(HANDED_OVER_BY_AN_UNNAMED_COPY)
+    missing = max(0, size - len(answers))
     if mine >= majority:
         return "act"
     if unnamed >= majority or any(n >= majority for n in others.values()):
         return "skip"
+    first = all(ref < other for other in others)
+    if missing:
+        # Could this copy act once the missing answers are known? Alone (they are its
+        # moves), or as the first ref of a split (they are its own, or other copies'
+        # with later refs, that make the movers a majority)?
+        alone = mine + missing >= majority
+        split = first and mine + unnamed + sum(others.values()) + missing >= majority
+        return "wait" if alone or split else "skip"
     if mine + unnamed + sum(others.values()) >= majority:
-        return "act" if mine and all(ref < other for other in others) else "skip"
+        return "act" if mine and first else "skip"
     if len(answers) - mine >= majority:
         return "skip"
     return "wait"

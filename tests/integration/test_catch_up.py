@@ -17,11 +17,13 @@ from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest, owner_tokens
 from gateway.metrics import Metrics
 from gateway.ops.rebuild import rebuild
+from gateway.quorum.copy import Copied, copy_marks
 from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
+from gateway.rules.commands import Handover
 from gateway.rules.vote import Outcome
 from tests.integration.redis_marks import alone, epoch_on, noted_behind_on, owners_on
-from tests.integration.test_epochs import restart_empty
+from tests.integration.test_epochs import ping_twice, restart_empty, vote
 
 
 async def test_the_run_that_dropped_fills_stops_counting_the_member_and_catches_it_up(
@@ -176,3 +178,129 @@ async def test_a_rebuild_after_ttl_was_lowered_keeps_each_copy_s_remaining_life(
         ((owner, left),) = reply
     assert owner == b"11"
     assert int(left) > 50_000, left
+
+
+async def test_a_claim_landing_between_the_copys_lookup_and_its_import_is_left_standing(
+    redis_servers: Any,
+) -> None:
+    """Issue 52: the copy (catch-up or rebuild) looks a chunk up, then imports the owner
+    it picked. A claim that landed in between (here: just before the import, where the
+    catch-up renews its lease) was overwritten with the older owner, the tombstone the
+    sources held: marks [T2, T2, -T1]. Once member 1 restarted empty, a later copy T3
+    split the two counted members 1:1 and was forwarded (the smaller token). IMPORT now
+    writes only where the member holds what the lookup saw: T2 stays, T3 is a duplicate."""
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "2s"})
+    message, (t1, t2, t3) = b"order-52", ("3003", "2002", "1001")  # t3 < t2: wins a tie
+    digest = mark_digest(message)
+    gateway, copier = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
+    try:
+        await gateway.check()
+        assert await gateway.claim([digest], [t1]) == [[1], [1], [1]]
+        assert await gateway.release([digest], [t1]) == [[1], [1], [1]]  # -t1 everywhere
+        await copier.check()
+        target = copier.members[2]
+        assert target.epoch is not None
+        landed: list[Any] = []
+
+        async def live_claim() -> None:  # a gateway's claim, between lookup and import
+            if not landed:
+                landed.append(await gateway.claim([digest], [t2]))
+
+        async def advance(found: int, fraction: float) -> None:
+            pass
+
+        copied = Copied()
+        await copy_marks(copier.admin, target, target.epoch.id, copier.members[:2], copied,
+                         advance, before_import=live_claim)  # fmt: skip
+        assert landed == [[[f"={t1}"]] * 3]  # claimed over the tombstone on all three
+        assert [(await owners_on(s, [digest]))[0] for s in servers] == [t2, t2, t2]
+        assert (copied.marks_read, copied.changed) == (1, 1)
+        restart_empty(servers[1])
+        await ping_twice(gateway)
+        assert gateway.counted() == [True, False, True]
+        pipeline = Pipeline(settings, gateway, None, gateway.metrics)  # type: ignore[arg-type]
+        assert await vote(pipeline, message, t3) is Outcome.DUPLICATE
+    finally:
+        await gateway.close()
+        await copier.close()
+
+
+async def test_a_handover_landing_between_the_copys_lookup_and_its_import_keeps_its_note(
+    redis_servers: Any,
+) -> None:
+    """The same window, a failure command's handover (token 11 to 12, noted with the
+    command's ref) landing in it: the copy wrote the failed attempt's token back over
+    it and deleted its note, so a replay of that command read "another copy" there."""
+    servers = redis_servers(3)
+    settings = load_settings(redis={"nodes": redis_urls(servers), "timeout": "2s"})
+    digest = mark_digest(b"failed-once")
+    gateway, copier = Quorum(settings.redis, Metrics()), Quorum(settings.redis, Metrics())
+    try:
+        await gateway.check()
+        assert await gateway.claim([digest], ["11"]) == [[1], [1], [1]]
+        await copier.check()
+        target = copier.members[2]
+        assert target.epoch is not None
+        landed: list[Any] = []
+
+        async def live_handover() -> None:
+            if not landed:
+                landed.append(await gateway.handover([Handover(digest, "11", "12", "f/0/1")]))
+
+        async def advance(found: int, fraction: float) -> None:
+            pass
+
+        copied = Copied()
+        await copy_marks(copier.admin, target, target.epoch.id, copier.members[:2], copied,
+                         advance, before_import=live_handover)  # fmt: skip
+        assert landed == [[[1], [1], [1]]]
+        assert await owners_on(servers[2], [digest]) == ["12"]
+        async with aioredis.Redis(port=servers[2].port) as client:
+            assert await client.get(b"dd:h:" + digest) == b"f/0/1"
+        assert copied.changed == 1
+    finally:
+        await gateway.close()
+        await copier.close()
+
+
+async def test_a_catch_up_that_lost_its_lease_after_reading_writes_nothing(
+    redis_servers: Any,
+) -> None:
+    """The lease is renewed before every IMPORT call too: a gateway that stalled after
+    its lookups while another run took the member's lease over (here: the lease key
+    rewritten) stops there. Before, it wrote what it had read, then found the lease gone."""
+    servers = redis_servers(3)
+    settings = load_settings(
+        redis={"nodes": redis_urls(servers), "timeout": "300ms", "repair_backlog": 1}
+    )
+    quorum = Quorum(settings.redis, Metrics())
+    first, second = mark_digest(b"l-1"), mark_digest(b"l-2")
+    try:
+        await quorum.check()
+        servers[2].pause()  # SIGSTOP: it answers no claim
+        try:
+            await quorum.claim([first, second], ["11", "12"])
+            quorum.queue_fills([[], [], [(first, "11", "11"), (second, "12", "12")]])
+        finally:
+            servers[2].resume()
+        lagging = quorum.members[2]
+        quorum.catch_up.not_before = float("inf")  # no catch-up started by the watch
+        for _ in range(5):
+            await quorum.check()
+        assert quorum.counted() == [True, True, False] and lagging.up
+        lookup = quorum.admin.lookup
+
+        async def then_taken_over(member: Any, digests: Any, notes: bool = False) -> Any:
+            reply = await lookup(member, digests, notes)
+            if member is not lagging:  # the sources' lookup, after the member's
+                async with aioredis.Redis(port=servers[2].port) as client:
+                    await client.set("dd:catch-up", "another-run", px=30_000)
+            return reply
+
+        quorum.admin.lookup = then_taken_over  # type: ignore[method-assign]
+        assert not await quorum.catch_up.run(lagging)
+        assert counter_value(quorum.metrics.catchups, lagging.name, "failed") == 1
+        assert await owners_on(servers[2], [first]) == [None]  # nothing imported
+    finally:
+        await quorum.close()

@@ -349,8 +349,8 @@ async def test_a_rebuild_import_splits_the_buckets_it_fills(quorum_on: QuorumFac
     assert member.epoch is not None
     day = 24 * 3600 * 1000
     current, older = digests("in-current", 2000), digests("in-older", 2000)
-    marks = [(d, "5", 2 * day - 2000, "-", 0) for d in current]  # lives past this slice
-    marks += [(d, "5", day - 2000, "-", 0) for d in older]  # into the slice before
+    marks = [(d, "5", 2 * day - 2000, "-", 0, "", "") for d in current]  # lives past this slice
+    marks += [(d, "5", day - 2000, "-", 0, "", "") for d in older]  # into the slice before
     for start in range(0, len(marks), 500):
         chunk = marks[start : start + 500]
         assert await quorum.admin.import_marks(member, member.epoch.id, chunk) == [1] * len(chunk)
