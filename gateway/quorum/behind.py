@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 from gateway.metrics import Metrics
 from gateway.quorum.link import MemberLink
+from gateway.quorum.scripts import listed
 from gateway.quorum.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class Behind:
         on the members that answer."""
         names = list(runs) if runs is not None else [ANY_RUN]
         voided = await self._call(
-            member, ["void", member.name, "".join(f"{r}," for r in names), cut_off_ms,
+            member, ["void", member.name, listed(names), cut_off_ms,
                      self.life_ms],
         )  # fmt: skip
         if voided is None:

@@ -15,6 +15,7 @@ from gateway import sizing
 from gateway.metrics import Metrics
 from gateway.quorum.link import Fill, MemberLink
 from gateway.quorum.members import Group
+from gateway.quorum.scripts import listed
 from gateway.quorum.transport import Planned, Transport
 
 
@@ -65,8 +66,8 @@ class Fills:
         def plan(group: Group, items: Sequence[int]) -> Planned:
             args = [*group.layout, epoch_id, width,
                     b"".join(fills[k][0] for k in items),
-                    "".join(f"{fills[k][1]}," for k in items),
-                    "".join(f"{fills[k][2]}," for k in items)]  # fmt: skip
+                    listed(fills[k][1] for k in items),
+                    listed(fills[k][2] for k in items)]  # fmt: skip
             return [(("fill", [group.meta], args), items)]
 
         member.sending += 1  # until answered, the run's note that it is behind stays

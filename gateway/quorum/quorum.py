@@ -29,7 +29,7 @@ slots can be migrated; `resume` clears it. The healthy gauge is set in one place
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from gateway.config import RedisSettings
@@ -48,6 +48,7 @@ from gateway.quorum.keys import handover_key
 from gateway.quorum.link import Fill, MemberLink
 from gateway.quorum.members import Group, client_for, groups_for
 from gateway.quorum.repairs import Repair, Repairs
+from gateway.quorum.scripts import listed
 from gateway.quorum.startup import MajorityWait
 from gateway.quorum.transport import ClusterTransport, Planned, Transport
 from gateway.quorum.windows import Windows
@@ -198,7 +199,7 @@ class Quorum:
         async def one(member: MemberLink) -> tuple[int, int] | None:
             if not member.up:
                 return None
-            got = await self.run_script(member, "slice_fill", list(member.groups[0].layout))
+            got = await self.calls.run_script(member, "slice_fill", list(member.groups[0].layout))
             return None if got is None else (int(got[0]), int(got[1]))
 
         return list(await asyncio.gather(*(one(i) for i in self.members)))
@@ -250,7 +251,7 @@ class Quorum:
             args = [*group.layout, *(v for k in items for v in (digests[k], tokens[k]))]
             return [(("release", [group.meta], args), items)]
 
-        return await self.per_item_on_counted("release", digests, plan)
+        return await self.calls.per_item_on_counted("release", digests, plan)
 
     async def handover(self, marks: Sequence[Handover]) -> list[list[ItemReply | None]]:
         """Per member, per command, HANDOVER's reply (`HANDED_OVER_NOW` ...
@@ -261,11 +262,11 @@ class Quorum:
             keys = [group.meta, *(handover_key(group.prefix, digests[k]) for k in items)]
             args = [*group.layout, epoch_id, b"".join(digests[k] for k in items)]
             for m in (marks[k] for k in items):
-                args += (m.failed, m.next, m.ref, *("".join(f"{t}," for t in ts)
+                args += (m.failed, m.next, m.ref, *(listed(ts)
                                                     for ts in (m.earlier, m.later)))  # fmt: skip
             return [(("handover", keys, args), items)]
 
-        results = await self.per_item_on_counted("handover", digests, plan, needs_epoch=True)
+        results = await self.calls.per_item_on_counted("handover", digests, plan, needs_epoch=True)
         if self.epochs.reread:
             await self.refresh_epochs()
         return results
@@ -280,13 +281,6 @@ class Quorum:
         await asyncio.gather(*(self._via(i).grouped(i, "mark_done", digests, plan)
                                for i in self.members))  # fmt: skip
 
-    async def per_item_on_counted(
-        self, what: str, digests: Sequence[bytes],
-        plan: Callable[..., Planned], needs_epoch: bool = False,
-    ) -> list[list[ItemReply | None]]:  # fmt: skip
-        """Per member, per digest, the counted replies (gateway/quorum/calls.py)."""
-        return await self.calls.per_item_on_counted(what, digests, plan, needs_epoch)
-
     # -- the parts' calls, as the callers know them ---------------------------------
 
     async def run_script(
@@ -294,11 +288,6 @@ class Quorum:
         group: int = 0,
     ) -> Any | None:  # fmt: skip
         return await self.calls.run_script(member, name, args, bound_s, group)
-
-    async def _timed(
-        self, member: MemberLink, script: str, call: Callable[[], Awaitable[T]]
-    ) -> T | None:
-        return await member.timed(script, call)
 
     async def close(self) -> None:
         await self.catch_up.close()

@@ -35,6 +35,7 @@ its loop).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 
 # The scripts below, as gateway/quorum/quorum.py registers them (the constant is the
@@ -67,6 +68,12 @@ EXPIRY_SLACK_MS = 1000
 WRITES = "#!lua\n"
 READS = "#!lua flags=no-writes\n"
 _LUA = resources.files("gateway.quorum") / "lua"
+
+
+def listed(values: Iterable[object]) -> str:
+    """A list argument as the scripts read it (`string.gmatch(s, '([^,]+),')`): every
+    item followed by a comma; no item may hold a comma (tokens, numbers, run ids)."""
+    return "".join(f"{value}," for value in values)
 
 
 def _text(name: str) -> tuple[list[str], str]:

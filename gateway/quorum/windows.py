@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from gateway.quorum.calls import Calls
 from gateway.quorum.link import MemberLink
+from gateway.quorum.scripts import listed
 
 
 class Windows:
@@ -34,8 +35,8 @@ class Windows:
             flat = await self.calls.in_chunks(
                 member, "coalesce_update", digests,
                 lambda items: [*head, b"".join(digests[k] for k in items),
-                               "".join(f"{stamps[k]}," for k in items),
-                               "".join(f"{versions[k]}," for k in items)],
+                               listed(stamps[k] for k in items),
+                               listed(versions[k] for k in items)],
                 width=3,
             )  # fmt: skip
             if flat is None:
@@ -61,7 +62,7 @@ class Windows:
             flat = await self.calls.in_chunks(
                 member, "coalesce_close", digests,
                 lambda items: [width, b"".join(digests[k] for k in items),
-                               "".join(f"{starts[k]}," for k in items)],
+                               listed(starts[k] for k in items)],
                 width=3,
             )  # fmt: skip
             if flat is None:

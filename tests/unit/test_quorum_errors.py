@@ -27,7 +27,7 @@ async def test_a_write_to_a_connection_the_server_closed_counts_as_no_answer() -
             "0x5592715ce330>; the handler is closed"
         )
 
-    assert await q._timed(member, "claim", closed_under_the_handshake) is None
+    assert await member.timed("claim", closed_under_the_handshake) is None
     assert member.failure is not None and member.failure[0] == "connection"
     assert counter_value(q.metrics.redis_errors, member.name, "connection") == 1
     await q.close()
@@ -41,5 +41,5 @@ async def test_any_other_runtime_error_is_a_bug_and_is_raised() -> None:
         raise RuntimeError("something of ours")
 
     with pytest.raises(RuntimeError, match="something of ours"):
-        await q._timed(member, "claim", bug)
+        await member.timed("claim", bug)
     await q.close()
