@@ -610,7 +610,7 @@ class Run:
             await quorum.refresh_epochs()
             trusted = sum(1 for i in quorum.members if i.up and i.trusted)
             recovering = [i for i in quorum.members if i.up and not i.trusted]
-            kept = kept_their_data(quorum)
+            kept = kept_their_data(quorum.members)
         finally:
             await quorum.close()
         if trusted >= quorum.majority or not (trusted or kept):

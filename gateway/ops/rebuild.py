@@ -31,17 +31,18 @@ note expired (chaos seed 732, two members emptied).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 from gateway.config import Settings
 from gateway.ops.command_quorum import command_quorum
 from gateway.progress import Progress
-from gateway.quorum.behind import ForgetError
+from gateway.quorum.admin import Admin
+from gateway.quorum.behind import Behind, ForgetError
 from gateway.quorum.copy import Copied, CopyError, copy_marks
 from gateway.quorum.keys import EPOCH_TRUSTED
 from gateway.quorum.link import MemberLink
-from gateway.quorum.quorum import Quorum
 
 OK, FAILED, USAGE = 0, 1, 2  # exit codes
 
@@ -79,7 +80,9 @@ async def rebuild(
     report = Report(member, [], dry_run)
     progress = progress or Progress("rebuild")
     try:
-        code = await _rebuild(quorum, report, source, progress)
+        await quorum.refresh_epochs()  # command_quorum: as patient as a first contact
+        parts = Parts(quorum.members, quorum.admin, quorum.behind)
+        code = await _rebuild(parts, report, source, progress)
     except (RebuildError, CopyError, ForgetError) as exc:
         report.error, code = str(exc), FAILED
     finally:
@@ -89,15 +92,24 @@ async def rebuild(
     return code
 
 
-async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress: Progress) -> int:
-    names = [member.name for member in quorum.members]
-    await quorum.refresh_epochs()  # command_quorum: as patient as a first contact
-    target = _named(quorum, report.member)
+@dataclass(frozen=True)
+class Parts:
+    """What a rebuild works with: the members (their epochs read), the calls on one
+    member (copy, epoch), the notes about a member."""
+
+    members: Sequence[MemberLink]
+    admin: Admin
+    behind: Behind
+
+
+async def _rebuild(parts: Parts, report: Report, source: str | None, progress: Progress) -> int:
+    names = [member.name for member in parts.members]
+    target = _named(parts.members, report.member)
     if target is None:
         report.error = f"no member {report.member!r}; members: {', '.join(names)}"
         return USAGE
     if source is not None:
-        chosen = _named(quorum, source)
+        chosen = _named(parts.members, source)
         if chosen is None or chosen is target:
             report.error = f"--from must be another member, one of: {', '.join(names)}"
             return USAGE
@@ -105,15 +117,16 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
             raise RebuildError(f"source {chosen.name} does not answer")
         sources = [chosen]
     else:
-        sources = [i for i in quorum.members if i is not target and i.up and i.trusted]
+        sources = [i for i in parts.members if i is not target and i.up and i.trusted]
         if not sources:
-            raise RebuildError("no trusted member to copy from; " + _from_hint(quorum, target))
+            hint = _from_hint(parts.members, target)
+            raise RebuildError("no trusted member to copy from; " + hint)
     report.sources = [s.name for s in sources]
     if not target.up or target.epoch is None or not (target.epoch.id or report.dry_run):
         raise RebuildError(f"{target.name} does not answer or has no epoch yet; try again")
     epoch = target.epoch
     report.epoch_before = epoch.raw
-    began_ms = await quorum.behind.clock(target)  # notes written up to now are covered
+    began_ms = await parts.behind.clock(target)  # notes written up to now are covered
     if began_ms is None:
         raise RebuildError(f"{target.name} stopped answering")
     copied = Copied()
@@ -122,7 +135,7 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
         progress.advance(found, fraction)
 
     try:
-        await copy_marks(quorum.admin, target, epoch.id, sources, copied, advance, report.dry_run)
+        await copy_marks(parts.admin, target, epoch.id, sources, copied, advance, report.dry_run)
     finally:
         report.marks_read, report.written, report.rewritten = (
             copied.marks_read, copied.written, copied.rewritten)  # fmt: skip
@@ -132,28 +145,27 @@ async def _rebuild(quorum: Quorum, report: Report, source: str | None, progress:
         report.epoch_after = epoch.raw
         return OK
     trusted = epoch.with_state(EPOCH_TRUSTED)
-    done = await quorum.run_script(target, "epoch_set", [epoch.raw, trusted.raw])
-    if done != 1:
+    if not await parts.admin.set_epoch(target, epoch, trusted):
         raise RebuildError(f"{target.name}'s epoch changed during the rebuild; run it again")
     # Complete now: every note about it written before the copy began is void on it.
-    await quorum.behind.forget(target, None, began_ms)
+    await parts.behind.forget(target, None, began_ms)
     report.epoch_after = trusted.raw
     return OK
 
 
-def kept_their_data(quorum: Quorum) -> list[str]:
+def kept_their_data(members: Sequence[MemberLink]) -> list[str]:
     """Members not counted that kept their data (their epoch says trusted): not
     counted only because a stopped gateway run noted they missed fills, they lack
     just those; the source `--from` should name when no member is trusted."""
     return [
-        i.name for i in quorum.members
+        i.name for i in members
         if i.up and not i.trusted and i.epoch is not None and i.epoch.state == EPOCH_TRUSTED
     ]  # fmt: skip
 
 
-def _from_hint(quorum: Quorum, target: MemberLink) -> str:
+def _from_hint(members: Sequence[MemberLink], target: MemberLink) -> str:
     """What `--from` should name: a member that kept its data; an emptied one gives nothing."""
-    kept = [name for name in kept_their_data(quorum) if name != target.name]
+    kept = [name for name in kept_their_data(members) if name != target.name]
     if kept:
         return (
             f"{', '.join(kept)} kept its data (not counted: noted as behind by a stopped "
@@ -163,8 +175,8 @@ def _from_hint(quorum: Quorum, target: MemberLink) -> str:
     return "name one with --from to take its marks as they are"
 
 
-def _named(quorum: Quorum, name: str) -> MemberLink | None:
-    return next((member for member in quorum.members if member.name == name), None)
+def _named(members: Sequence[MemberLink], name: str) -> MemberLink | None:
+    return next((member for member in members if member.name == name), None)
 
 
 def _print(report: Report, output: Literal["text", "json"]) -> None:

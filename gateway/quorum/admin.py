@@ -11,9 +11,10 @@ from functools import partial
 from typing import Any
 
 from gateway.quorum.calls import Calls, ItemReply
-from gateway.quorum.keys import handover_key
+from gateway.quorum.keys import Epoch, handover_key
 from gateway.quorum.link import MemberLink
 from gateway.quorum.members import Group, group_of
+from gateway.quorum.scripts import listed
 from gateway.quorum.transport import Planned
 
 # A mark a rebuild writes: digest, owner, remaining ms, handover note ('-': none, '?': keep
@@ -103,19 +104,25 @@ class Admin:
         digests = [mark[0] for mark in marks]
         width = len(digests[0])
         flat = await self.calls.in_chunks(
-            member, "import", digests,
-            lambda items: [epoch_id, width, b"".join(digests[k] for k in items),
-                           "".join(f"{marks[k][1]}," for k in items),
-                           "".join(f"{marks[k][2]}," for k in items),
-                           "".join(f"{marks[k][3]}," for k in items),
-                           "".join(f"{marks[k][4]}," for k in items),
-                           "".join(f"{marks[k][5]}," for k in items),
-                           "".join(f"{marks[k][6]}," for k in items)],
+            member,
+            "import",
+            digests,
+            lambda items: [
+                epoch_id,
+                width,
+                b"".join(digests[k] for k in items),
+                *(listed(marks[k][field] for k in items) for field in range(1, 7)),
+            ],
             width=1,
-        )  # fmt: skip
+        )
         if flat is None:
             return "epoch" if member.epoch is None else None
         return [int(result[0]) for result in flat]
+
+    async def set_epoch(self, member: MemberLink, seen: Epoch, new: Epoch) -> bool:
+        """Replace `member`'s epoch `seen` by `new` (scripts.EPOCH_SET); False when it
+        holds another (it lost its data again) or gave no answer."""
+        return await self.calls.run_script(member, "epoch_set", [seen.raw, new.raw]) == 1
 
     async def pause(self, member: MemberLink, paused: bool) -> bool:
         """Set or clear `member`'s pause flag on every group; whether every group answered."""

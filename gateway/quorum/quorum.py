@@ -281,14 +281,6 @@ class Quorum:
         await asyncio.gather(*(self._via(i).grouped(i, "mark_done", digests, plan)
                                for i in self.members))  # fmt: skip
 
-    # -- the parts' calls, as the callers know them ---------------------------------
-
-    async def run_script(
-        self, member: MemberLink, name: str, args: list[Any], bound_s: float | None = None,
-        group: int = 0,
-    ) -> Any | None:  # fmt: skip
-        return await self.calls.run_script(member, name, args, bound_s, group)
-
     async def close(self) -> None:
         await self.catch_up.close()
         for member in self.members:

@@ -71,8 +71,8 @@ _LUA = resources.files("gateway.quorum") / "lua"
 
 
 def listed(values: Iterable[object]) -> str:
-    """A list argument as the scripts read it (`string.gmatch(s, '([^,]+),')`): every
-    item followed by a comma; no item may hold a comma (tokens, numbers, run ids)."""
+    """A list argument as the scripts split it (`string.gmatch(s, '([^,]*),')`, or
+    `+` where no item is empty): every item followed by a comma; none may hold one."""
     return "".join(f"{value}," for value in values)
 
 
