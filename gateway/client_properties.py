@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.masking import MASK, is_secret_name, masked_tree
+
 ClientValue = str | int | float | bool
 
 # librdkafka/Java name -> aiokafka keyword, for the options every aiokafka client takes.
@@ -50,7 +52,6 @@ RESERVED = {
     "ssl.certificate.location": "ssl_certfile",
     "ssl.key.location": "ssl_keyfile",
 }
-_SECRET_WORDS = ("password", "secret", "jaas", "key.pem")
 
 
 def check(properties: dict[str, ClientValue], sasl_mechanism: str | None) -> None:
@@ -120,8 +121,8 @@ def masked(properties: dict[str, ClientValue]) -> dict[str, ClientValue]:
     """The table with secret values shown as `***` (check-config, logs); the token
     command too: its arguments may carry a credential."""
     return {
-        name: "***"
-        if name in (TOKEN_STATIC, TOKEN_COMMAND) or any(w in name for w in _SECRET_WORDS)
-        else value
+        name: MASK
+        if name in (TOKEN_STATIC, TOKEN_COMMAND) or is_secret_name(name)
+        else masked_tree(value)
         for name, value in properties.items()
     }

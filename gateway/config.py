@@ -34,6 +34,7 @@ from pydantic_settings import (
 
 from gateway import client_properties
 from gateway.errors import ConfigError
+from gateway.masking import masked_tree
 from gateway.member_urls import masked
 from gateway.settings.describe import describe, env_not_json
 from gateway.settings.kafka import (
@@ -271,6 +272,13 @@ def effective(settings: BaseSettings) -> dict[str, Any]:
     data: dict[str, Any] = settings.model_dump(mode="json", by_alias=True)
     if "kafka" in data:
         data["kafka"]["client"] = client_properties.masked(data["kafka"]["client"])
+    if isinstance(data.get("spark"), dict):  # the Spark job's table (spark_sink/config.py)
+        spark = data["spark"]
+        if isinstance(spark.get("dedup_redis"), str):
+            spark["dedup_redis"] = masked(spark["dedup_redis"])
+        for table in ("conf", "handler_options"):  # secret names, URLs with passwords
+            if table in spark:
+                spark[table] = masked_tree(spark[table])
     if isinstance(settings, Settings):
         data["redis"]["nodes"] = [masked(n) for n in settings.redis.nodes]
         # The raw topics once (both would not load back): as `[kafka] raw_topics` when

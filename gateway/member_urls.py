@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from pydantic import UrlConstraints
 from pydantic_core import MultiHostUrl
+
+from gateway.masking import masked_text
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
@@ -31,21 +32,12 @@ def member_name(url: MultiHostUrl) -> str:
     return f"cluster:{where}" if is_cluster(url) else f"{where}{url.path or ''}"
 
 
-# Query parameters that carry a secret: redis-py authenticates with `?password=`.
-_SECRET_QUERY = re.compile(r"(?i)([?&][^=&#]*(?:password|secret|token)[^=&#]*=)[^&#]*")
-
-
 def masked(url: MultiHostUrl | str) -> str:
-    """The URL with its password, in the user part or the query (`?password=`),
-    replaced by `***`: how every printed or logged URL is shown."""
-    text = str(url)
-    if not isinstance(url, str):
-        for host in url.hosts():
-            if host["password"]:
-                text = text.replace(f":{host['password']}@", ":***@", 1)
-    else:
-        text = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", text)
-    return _SECRET_QUERY.sub(r"\1***", text)
+    """The URL (or a message naming URLs) with every password, in a user part or a
+    query parameter with a secret name (`?password=`, percent-encoded or not: redis-py
+    decodes the names), replaced by `***`: how every printed or logged URL is shown
+    (gateway/masking.py)."""
+    return masked_text(str(url))
 
 
 def check_member_url(url: MultiHostUrl) -> None:

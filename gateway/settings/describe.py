@@ -18,6 +18,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from gateway.masking import masked_text
 from gateway.settings.values import ENV_NESTED_DELIMITER, ENV_PREFIX, env_name
 
 Loc = tuple[int | str, ...]
@@ -38,7 +39,8 @@ def describe(
             lines.append(_unknown(cls, loc, error["input"], origin))
             continue
         where = ".".join(str(part) for part in loc)
-        message = error["msg"].removeprefix("Value error, ")
+        # A validator's message may quote a URL: shown masked (gateway/masking.py).
+        message = masked_text(error["msg"].removeprefix("Value error, "))
         # A rule across sections has no one location; its message names the settings.
         lines.append(
             f"invalid setting {where}{origin}: {message}" if where else f"invalid: {message}"
