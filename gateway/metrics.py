@@ -322,6 +322,21 @@ class Metrics:
             registry=r,
             multiprocess_mode="liveall",  # per worker (label `pid`): the supervisor checks each
         )
+        # A wrong `[dedup] id` quarantines every record (gateway/raw/quarantine.py).
+        self.quarantine_share = Gauge(
+            f"{PREFIX}_quarantine_share",
+            "Share of the raw records consumed over [dedup] quarantine_alarm_window that "
+            "were quarantined (0 with too few records to judge)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.quarantine_alarm = Gauge(
+            f"{PREFIX}_quarantine_alarm",
+            "1 while quarantine_share is above [dedup] quarantine_alarm_share: /readyz "
+            "says degraded; check [dedup] id first",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         # The failure loop (release / retry / dead-letter).
         self.releases = Counter(
             f"{PREFIX}_releases",
@@ -357,7 +372,8 @@ class Metrics:
         )
         self.delay_backlog = Gauge(
             f"{PREFIX}_delay_backlog_records",
-            "Tier records not yet moved on: high watermark minus commit point, per tier",
+            "Tier records not yet moved on, per tier: data records read past the commit "
+            "point, and the offsets not yet read up to the high watermark",
             ["tier"],
             registry=r,
         )

@@ -44,13 +44,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Protocol
 
 from gateway.config import Settings
 from gateway.contract.records import H_COALESCED, H_WINDOW, Headers, OutRow, Record, source_ref
 from gateway.contract.tokens import mark_digest
 from gateway.errors import BadRecord
 from gateway.metrics import Metrics
-from gateway.quorum.quorum import Quorum
+from gateway.quorum.windows import Windows
 from gateway.rules.ids import IdExtractor, build_extractor
 from gateway.rules.windows import (
     Closing,
@@ -87,10 +88,22 @@ class _Row:
         self.key, self.value, self.headers, self.timestamp = key, value, headers, None
 
 
+class Counting(Protocol):
+    """What the coalescer needs of the quorum: which members' answers count, and how
+    many make a majority (`Quorum` is one)."""
+
+    size: int
+    majority: int
+
+    def counted(self) -> list[bool]: ...
+
+
 class Coalescer:
     """Both sides of coalescing: updates on the raw path, close decisions in the delay loop."""
 
-    def __init__(self, settings: Settings, quorum: Quorum, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, windows: Windows, counting: Counting, metrics: Metrics
+    ) -> None:
         c = settings.coalesce
         self.key_of = build_extractor(c.key, settings.dedup.max_id_bytes)
         self.shape = WindowShape(c.mode, c.window // _MS, c.max_window // _MS)
@@ -98,8 +111,8 @@ class Coalescer:
         # A window stamp this far ahead of the gateway's clock may still close (end +
         # grace) within max_delay; config.py keeps it at 0 or more.
         self.ahead_ms = (settings.delay.max_delay - c.longest - c.grace) // _MS
-        self.quorum = quorum  # who counts, and the majority
-        self.windows = quorum.windows  # the calls on the windows' state
+        self.quorum = counting  # who counts, and the majority
+        self.windows = windows  # the calls on the windows' state
         self.metrics = metrics
 
     def checked(self, extract: IdExtractor) -> Callable[[Record], bytes]:

@@ -2,8 +2,9 @@
 every topic of `dedup-gateway topics` exists, clean topics have at least as many
 partitions as their raw topics, delay tiers keep records longer than their delay, no
 raw topic is compacted; no tier topic is left over from an earlier configuration;
-the consumer groups can be described (so the user may use them). It never joins a
-group: that would rebalance running gateways."""
+the consumer groups can be described (so the user may use them); the share of each
+raw topic's newest records `[dedup] id` extracts an id from (gateway/ops/check_ids.py).
+It never joins a group: that would rebalance running gateways."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gateway.delay.leftovers import read_clean_topics, tier_of, unnamed_tiers
 from gateway.errors import BrokerUnreachable
 from gateway.kafka.transactions import transactions_unsupported
 from gateway.ops.broker import reaching_broker
+from gateway.ops.check_ids import id_findings
 from gateway.ops.findings import Finding, error, ok, warn
 from gateway.ops.topics import TopicSpec, admin_client, existing_topics, needed_topics
 
@@ -40,7 +42,7 @@ async def kafka_findings(settings: Settings, timeout_s: float) -> list[Finding]:
         await admin.close()
         return [error(where, f"cannot reach the broker: {exc!r}")]
     try:
-        return [
+        findings = [
             ok(where, "reached"),
             *await asyncio.wait_for(_broker_findings(admin, settings), timeout_s * 3),
         ]
@@ -48,6 +50,11 @@ async def kafka_findings(settings: Settings, timeout_s: float) -> list[Finding]:
         return [error(where, f"the broker stopped answering: {exc!r}")]
     finally:
         await admin.close()
+    try:  # what share of the records the configured id matches
+        findings += await asyncio.wait_for(id_findings(settings, timeout_s), timeout_s * 3)
+    except TimeoutError:
+        findings.append(warn("dedup.id", "sampling the raw topics' records timed out"))
+    return findings
 
 
 async def _broker_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:

@@ -25,7 +25,6 @@ from gateway.contract.records import (
     OutRow,
     Record,
     quarantine_record,
-    source_ref,
 )
 from gateway.contract.tokens import mark_digests, owner_tokens
 from gateway.delay.coalescer import Coalescer
@@ -35,6 +34,7 @@ from gateway.kafka.sink import Sink
 from gateway.kafka.transactions import Member
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
+from gateway.raw.quarantine import QuarantineWatch
 from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
 from gateway.rules.ids import build_extractor
 from gateway.rules.lanes import lane_headers
@@ -64,7 +64,8 @@ class Voting:
 
 class Pipeline:
     """`router` (scheduled delivery) and `coalescer` (coalescing windows) are given when
-    those features are on (gateway/service/app.py builds them); None: off."""
+    those features are on (gateway/service/app.py builds them); None: off. `quarantine`:
+    the gateway's watch over what is quarantined (gateway/raw/quarantine.py)."""
 
     def __init__(
         self,
@@ -75,11 +76,14 @@ class Pipeline:
         *,
         router: Router | None = None,
         coalescer: Coalescer | None = None,
+        quarantine: QuarantineWatch | None = None,
     ) -> None:
         self.settings = settings
         self.quorum = quorum
         self.sink = sink
         self.metrics = metrics
+        # Logs what is quarantined (rate-limited), and tells a wrong `[dedup] id`.
+        self.quarantine = quarantine or QuarantineWatch(settings, metrics)
         self.extract: Callable[[Record], bytes]
         self.extract = build_extractor(
             settings.dedup.id, settings.dedup.max_id_bytes, settings.kafka.max_request_bytes
@@ -251,9 +255,5 @@ class Pipeline:
 
     def _quarantined(self, rec: Record, exc: BadRecord) -> OutRecord:
         self.metrics.quarantined.labels(exc.reason).inc()
-        where = source_ref(rec.topic, rec.partition, rec.offset)
-        logger.warning(
-            "quarantined %s: %s", where, exc,
-            extra={"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},
-        )  # fmt: skip
+        self.quarantine.note(rec, exc)  # logged, at most a few lines per reason a period
         return quarantine_record(rec, str(exc), self.settings.kafka.max_request_bytes)

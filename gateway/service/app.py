@@ -49,6 +49,7 @@ from gateway.quorum.quorum import Quorum
 from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
+from gateway.raw.quarantine import QuarantineWatch
 from gateway.raw.source import RawSource
 from gateway.rules.tiers import tier_topics
 from gateway.service.health import HealthServer
@@ -93,12 +94,15 @@ class Gateway:
             self.metrics,
         )
         self.source: RawSource | None = None
+        self.quarantine = QuarantineWatch(settings, self.metrics)  # a wrong [dedup] id told
 
     def readiness(self) -> tuple[bool, str]:
         """Ready unless it cannot work: no Redis majority, or partitions blocked.
 
         A member without partitions (the group has more members than
-        partitions) is ready: it takes over as soon as one moves to it.
+        partitions) is ready: it takes over as soon as one moves to it. Ready but
+        quarantining most records (a wrong `[dedup] id`, gateway/raw/quarantine.py):
+        still 200, the body "degraded: ..." saying so.
         """
         if not self.quorum.healthy:
             return False, self.quorum.why_unhealthy()
@@ -106,6 +110,8 @@ class Gateway:
             return False, f"{len(self.blocked)} partition(s) blocked on undecided votes"
         if self.source is None:
             return False, "starting"
+        if (degraded := self.quarantine.degraded()) is not None:
+            return True, f"degraded: {degraded}" + self.quorum.not_answering()
         return True, "ready" + self.quorum.not_answering()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -173,9 +179,9 @@ class Gateway:
         # Every collaborator is built here, once, and handed to those that use it.
         settings, metrics = self.settings, self.metrics
         sink = Sink(producer, kafka, metrics)  # every loop's: raw, delay, failure
-        coalescer = (
-            Coalescer(settings, self.quorum, metrics) if settings.coalesce.enabled else None
-        )  # updates on the raw path, closes in the delay loop: one window state
+        # updates on the raw path, closes in the delay loop: one window state
+        q, coalesce = self.quorum, settings.coalesce.enabled
+        coalescer = Coalescer(settings, q.windows, q, metrics) if coalesce else None
         router = Router(settings, metrics) if settings.delay.enabled else None
         exactly_once = await self._exactly_once(producer)
         delay = None
@@ -201,8 +207,9 @@ class Gateway:
         if exactly_once:  # the raw loop's copies go in its own transactions
             transactions, raw_sink = await self._in_transactions("raw", stack)
         pipeline = Pipeline(
-            settings, self.quorum, raw_sink, metrics, router=router, coalescer=coalescer
-        )
+            settings, self.quorum, raw_sink, metrics, router=router, coalescer=coalescer,
+            quarantine=self.quarantine,
+        )  # fmt: skip
         lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
         source = RawSource(
             consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
@@ -275,6 +282,7 @@ class Gateway:
 
     async def _report_readiness(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self.quarantine.tick()  # the quarantine share over its window
             self.metrics.ready.set(1 if self.readiness()[0] else 0)
             await wait_or_stop(stop, READINESS_EVERY_S)
 

@@ -115,21 +115,59 @@ class DedupSettings(Section):
     # Backoff while a partition is blocked on an undecided vote.
     retry_backoff_initial: Duration = timedelta(milliseconds=100)
     retry_backoff_max: Duration = timedelta(seconds=5)
+    # A wrong `id` quarantines every record: when more than this share of the raw records
+    # consumed over `quarantine_alarm_window` is quarantined (and at least
+    # QUARANTINE_ALARM_MIN_RECORDS were consumed), /readyz says degraded and
+    # dedup_gateway_quarantine_alarm is 1 (gateway/raw/quarantine.py). 1.0: never.
+    quarantine_alarm_share: float = Field(default=0.5, gt=0, le=1)
+    quarantine_alarm_window: Duration = timedelta(minutes=1)
 
     @field_validator("id")
     @classmethod
     def _known_strategy(cls, spec: str) -> str:
         return id_spec(spec)
 
+    @field_validator("quarantine_alarm_window")
+    @classmethod
+    def _alarm_window(cls, window: timedelta) -> timedelta:
+        if not timedelta(seconds=10) <= window <= timedelta(hours=1):
+            raise ValueError(f"must be between 10s and 1h, got {window}")
+        return window
+
+
+# What a `json:` path may not hold: it is dotted field names, not JSONPath.
+_NOT_IN_JSON_PATH = "[]$"
+
 
 def id_spec(spec: str) -> str:
     """A valid `[dedup] id` / `[coalesce] key` spec, or ValueError naming the choices."""
     kind, _, arg = spec.partition(":")
-    if (kind in ("key", "hash") and not arg) or (kind in ("header", "json") and arg.strip()):
+    if kind == "json" and arg.strip():
+        return json_path_spec(spec, arg)
+    if (kind in ("key", "hash") and not arg) or (kind == "header" and arg.strip()):
         return spec
     raise ValueError(
         f"unknown id strategy {spec!r}; use 'header:NAME', 'key', 'json:dotted.path' or 'hash'"
     )
+
+
+def json_path_spec(spec: str, path: str) -> str:
+    """`spec` when `path` is field names joined by dots; else ValueError saying why: the
+    extractor reads `items[0]` as a key of that name and `a.` as a key "", which no
+    record has, so every record would be quarantined (missing_field)."""
+    bad = sorted({c for c in path if c in _NOT_IN_JSON_PATH})
+    if bad:
+        raise ValueError(
+            f"{spec!r}: a json: path is field names joined by dots, not JSONPath; "
+            f"{' '.join(repr(c) for c in bad)} would be read as part of a field name and match "
+            "nothing (array items cannot be addressed; nested objects can: 'json:order.id')"
+        )
+    if any(not part.strip() for part in path.split(".")):
+        raise ValueError(
+            f"{spec!r}: a json: path is field names joined by dots; an empty name "
+            "(a leading, trailing or doubled dot) matches nothing"
+        )
+    return spec
 
 
 class CoalesceSettings(Section):

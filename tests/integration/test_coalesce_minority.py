@@ -28,7 +28,7 @@ async def test_a_window_update_a_minority_took_goes_on_after_its_rounds(
         await quorum.check()
         for member in quorum.members[1:]:
             assert await quorum.admin.pause(member, True)  # its writes are refused
-        coalescer = Coalescer(settings, quorum, quorum.metrics)
+        coalescer = Coalescer(settings, quorum.windows, quorum, quorum.metrics)
         ts = now_ms()
         headers = [("entity-id", b"e-1"), ("dedup-source", b"raw/0/7")]
         with caplog.at_level(logging.WARNING):
