@@ -9,21 +9,19 @@ between levels, e.g. `GATEWAY_REDIS__TTL=12h`), the TOML file given with
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import (
-    BaseModel,
     Field,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic.json_schema import GenerateJsonSchema, models_json_schema
+from pydantic.json_schema import GenerateJsonSchema
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -56,6 +54,7 @@ from gateway.settings.sections import (
     RedisSettings,
     id_spec,
 )
+from gateway.settings.spark import SparkSettings
 from gateway.settings.values import (
     CONFIG_ENV,
     ENV_NESTED_DELIMITER,
@@ -70,9 +69,10 @@ __all__ = [
     "CONFIG_ENV", "ENV_NESTED_DELIMITER", "ENV_PREFIX", "TOPIC_ROLES", "CoalesceSettings",
     "ConfigError", "DedupSettings", "DelaySettings", "Duration", "FailureSettings",
     "KafkaSettings", "LaneSettings", "LogSettings", "MetricsSettings", "RedisSettings",
-    "Settings", "TopicRoleSettings", "TopicsSettings", "check_topic_configs", "effective",
-    "env_name", "format_duration", "id_spec", "json_schema", "load", "load_settings",
-    "parse_duration", "topic_config_text",
+    "Settings", "SinkSettings", "SparkSettings", "TopicRoleSettings", "TopicsSettings",
+    "check_topic_configs", "effective", "env_name", "format_duration", "id_spec",
+    "json_schema", "load", "load_settings", "load_sink_settings", "parse_duration",
+    "topic_config_text",
 ]  # fmt: skip
 
 
@@ -121,8 +121,8 @@ class Settings(TomlSettings):
     log: LogSettings = LogSettings()
     # How `dedup-gateway topics --create` creates the topics (not read by `run`).
     topics: TopicsSettings = TopicsSettings()
-    # Read by the Spark job (spark_sink.config); the gateway ignores it.
-    spark: dict[str, Any] = Field(default_factory=dict)
+    # Read by the Spark job (spark_sink/); the gateway only validates it.
+    spark: SparkSettings = SparkSettings()
 
     @field_validator("delay")
     @classmethod
@@ -231,6 +231,28 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     return load(Settings, path, **overrides)
 
 
+class SinkSettings(TomlSettings):
+    """Every setting the Spark job reads (spark_sink/). Build it with `load_sink_settings`."""
+
+    # The gateway's own sections ([redis], [dedup], ...) are in the same file.
+    model_config = SettingsConfigDict(extra="ignore")
+
+    kafka: KafkaSettings = KafkaSettings()
+    spark: SparkSettings = SparkSettings()
+    log: LogSettings = LogSettings()
+    # Read only to know which of the gateway's paths write the clean topic outside a
+    # transaction (`[spark] delivery_dedup = "auto"`).
+    failures: FailureSettings = FailureSettings()
+    delay: DelaySettings = DelaySettings()
+    coalesce: CoalesceSettings = CoalesceSettings()
+
+
+def load_sink_settings(path: Path | None = None, **overrides: Any) -> SinkSettings:
+    """Build and validate the Spark job's settings from `path`, the environment and
+    `overrides` (whole sections, e.g. `spark={"output_path": "/tmp/out"}`)."""
+    return load(SinkSettings, path, **overrides)
+
+
 class _Schema(GenerateJsonSchema):
     """Defaults written as the file spells them (`"24h"`, not ISO 8601's `"P1D"`)."""
 
@@ -240,19 +262,10 @@ class _Schema(GenerateJsonSchema):
         return super().encode_default(dft)
 
 
-def json_schema(sections: Mapping[str, type[BaseModel]] | None = None) -> dict[str, Any]:
-    """The JSON Schema of the settings file (`dedup-gateway config-schema`): the gateway's
-    sections, with `sections` (e.g. the Spark job's `[spark]`) in place of the tables the
-    gateway leaves to another program."""
-    sections = dict(sections or {})
-    models: list[type[BaseModel]] = [Settings, *sections.values()]
-    refs, top = models_json_schema(
-        [(model, "validation") for model in models], schema_generator=_Schema
-    )
-    definitions = top["$defs"]
-    schema: dict[str, Any] = definitions.pop(Settings.__name__)
-    for name, model in sections.items():
-        schema["properties"][name] = {**refs[(model, "validation")], "default": {}}
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the settings file (`dedup-gateway config-schema`): every
+    section, `[spark]` too."""
+    schema: dict[str, Any] = Settings.model_json_schema(schema_generator=_Schema)
     schema.pop("title", None)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -263,7 +276,6 @@ def json_schema(sections: Mapping[str, type[BaseModel]] | None = None) -> dict[s
             f"by an environment variable {ENV_PREFIX}<SECTION>{ENV_NESTED_DELIMITER}<KEY> "
             "(docs/configuration.md)."
         ),
-        "$defs": definitions,
     }
 
 
@@ -272,7 +284,7 @@ def effective(settings: BaseSettings) -> dict[str, Any]:
     data: dict[str, Any] = settings.model_dump(mode="json", by_alias=True)
     if "kafka" in data:
         data["kafka"]["client"] = client_properties.masked(data["kafka"]["client"])
-    if isinstance(data.get("spark"), dict):  # the Spark job's table (spark_sink/config.py)
+    if isinstance(data.get("spark"), dict):  # the Spark job's table (settings/spark.py)
         spark = data["spark"]
         if isinstance(spark.get("dedup_redis"), str):
             spark["dedup_redis"] = masked(spark["dedup_redis"])

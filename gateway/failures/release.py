@@ -15,7 +15,7 @@ from gateway.contract.tokens import mark_digest
 from gateway.failures.loop import CommandPartition, Valid, command_fields, stale, undecided
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
-from gateway.rules.commands import release_decision
+from gateway.rules.commands import ReleaseDecision, release_decision
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,11 @@ class Releases:
         for j, (rec, cmd) in enumerate(valid):
             answers = [a for r in replies if (a := r[j]) is not None]
             decision = release_decision(answers, self.quorum.majority)
-            if decision == "repeated":  # counted stale, as a handover's second copy is
+            if (
+                decision is ReleaseDecision.REPEATED
+            ):  # counted stale, as a handover's second copy is
                 stale(self.metrics, cmd, "repeated release", "released before")
-            elif decision == "released":
+            elif decision is ReleaseDecision.RELEASED:
                 self.metrics.releases.labels("released").inc()
                 logger.info(
                     "released %s (%s): %s",
@@ -46,7 +48,7 @@ class Releases:
                     cmd.reason,
                     extra=command_fields(cmd),
                 )
-            elif decision == "stale":
+            elif decision is ReleaseDecision.STALE:
                 stale(self.metrics, cmd, "stale release", "token no longer holds")
             else:
                 return undecided(self.metrics, part, rec, cmd, answers, self.quorum.majority)

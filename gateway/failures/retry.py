@@ -60,7 +60,12 @@ from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.backoff import backoff_delay
-from gateway.rules.commands import goes_to_dead_letter, handover_decision, handover_of
+from gateway.rules.commands import (
+    HandoverDecision,
+    goes_to_dead_letter,
+    handover_decision,
+    handover_of,
+)
 from gateway.rules.ids import build_extractor
 from gateway.rules.lanes import lane_headers
 
@@ -126,12 +131,12 @@ class Retries:
         for j, (rec, cmd) in enumerate(valid):
             answers = [a for r in replies if (a := r[j]) is not None]
             decision = handover_decision(answers, self.quorum.majority, cmd.ref, self.quorum.size)
-            if decision == "act":
+            if decision is HandoverDecision.ACT:
                 self.metrics.releases.labels("handed_over").inc()
                 dead = goes_to_dead_letter(cmd, self.failures.max_attempts)
                 delay = 0.0 if dead else self._backoff(cmd.attempt)
                 self._schedule(now + delay, _Due(cmd, tp, rec.offset, dead, part))
-            elif decision == "skip":
+            elif decision is HandoverDecision.SKIP:
                 stale(self.metrics, cmd, "stale or repeated command", "skipped")
             else:
                 return undecided(self.metrics, part, rec, cmd, answers, self.quorum.majority)

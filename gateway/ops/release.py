@@ -49,7 +49,7 @@ async def release(
         await quorum.close()
     deleted, unmarked = sum(1 for r in results if r in RELEASED), results.count(NO_LIVE_MARK)
     answers = [r for r in results if r is not None]
-    ok = release_decision(answers, quorum.majority) in ("released", "repeated")
+    ok = release_decision(answers, quorum.majority).released
     states = [_release_state(r, dry_run, token is not None) for r in results]
     names = [member.name for member in quorum.members]
     if output == "json":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,23 @@ from gateway.contract.replies import (
     RELEASED_NOW,
 )
 from gateway.contract.tokens import dead_token, mark_digest, owner_token
+
+
+class HandoverDecision(enum.Enum):
+    ACT = "act"  # hand over, then retry or dead-letter
+    SKIP = "skip"  # stale, another copy's, or done
+    WAIT = "wait"  # no majority yet: the command is tried again later
+
+
+class ReleaseDecision(enum.Enum):
+    RELEASED = "released"  # free on a majority, released now by this command
+    REPEATED = "repeated"  # released, every one before: delivered twice, or redone
+    STALE = "stale"  # a majority does not hold that token
+    WAIT = "wait"  # no majority yet: the command is tried again later
+
+    @property
+    def released(self) -> bool:
+        return self in (ReleaseDecision.RELEASED, ReleaseDecision.REPEATED)
 
 
 @dataclass(frozen=True)
@@ -35,12 +53,15 @@ class Handover:
     later: Sequence[str] = ()
 
 
-def handover_decision(answers: Sequence[int | str], majority: int, ref: str, size: int) -> str:
+ACT, SKIP, WAIT = HandoverDecision.ACT, HandoverDecision.SKIP, HandoverDecision.WAIT
+
+
+def handover_decision(
+    answers: Sequence[int | str], majority: int, ref: str, size: int
+) -> HandoverDecision:
     """What to do with the failure command delivered as `ref`, from the counted members'
     HANDOVER replies (scripts.HANDOVER; another copy's handover answers that copy's
-    ref) among `size` members: "act" (hand over and retry or dead-letter), "skip"
-    (stale, or another copy's, or done) or "wait" (no majority yet: retry the command
-    later).
+    ref) among `size` members: ACT, SKIP or WAIT (`HandoverDecision`).
 
     `EFFECT_DONE` is written only after the effect was acknowledged, so one member
     saying so settles it: a member that missed that note (it gave no answer to
@@ -61,20 +82,20 @@ def handover_decision(answers: Sequence[int | str], majority: int, ref: str, siz
     it, another did not), may hold another copy's move, which makes that copy a
     majority alone or puts a smaller ref among the movers. So with answers missing
     the split is decided only where every answer they could give decides it the same
-    way: "skip" when this copy can be the one that acts in none of them, else "wait"
+    way: SKIP when this copy can be the one that acts in none of them, else WAIT
     until they are known (before, copy A seeing [1, B's ref] of three acted while
     B's gateway, counting the third member B had moved, saw [A's ref, 1, 1] and
     acted too)."""
     if EFFECT_DONE in answers or HELD_BY_LATER_ATTEMPT in answers:
-        return "skip"
+        return SKIP
     mine = sum(1 for a in answers if a in MOVED)
     others = Counter(a for a in answers if isinstance(a, str))
     unnamed = answers.count(HANDED_OVER_BY_AN_UNNAMED_COPY)
     missing = max(0, size - len(answers))
     if mine >= majority:
-        return "act"
+        return ACT
     if unnamed >= majority or any(n >= majority for n in others.values()):
-        return "skip"
+        return SKIP
     first = all(ref < other for other in others)
     if missing:
         # Could this copy act once the missing answers are known? Alone (they are its
@@ -82,12 +103,12 @@ def handover_decision(answers: Sequence[int | str], majority: int, ref: str, siz
         # with later refs, that make the movers a majority)?
         alone = mine + missing >= majority
         split = first and mine + unnamed + sum(others.values()) + missing >= majority
-        return "wait" if alone or split else "skip"
+        return WAIT if alone or split else SKIP
     if mine + unnamed + sum(others.values()) >= majority:
-        return "act" if mine and first else "skip"
+        return ACT if mine and first else SKIP
     if len(answers) - mine >= majority:
-        return "skip"
-    return "wait"
+        return SKIP
+    return WAIT
 
 
 def goes_to_dead_letter(cmd: Command, max_attempts: int) -> bool:
@@ -111,20 +132,18 @@ def handover_of(cmd: Command, max_attempts: int) -> Handover:
     return Handover(mark_digest(cmd.id), cmd.token, nxt, cmd.ref, earlier, later)
 
 
-def release_decision(answers: Sequence[int | str], majority: int) -> str:
+def release_decision(answers: Sequence[int | str], majority: int) -> ReleaseDecision:
     """What a release command did, from the counted members' RELEASE replies (1
     released now, 2 released before from that token, 3 no live mark, 0 held by
-    another owner): "released", "repeated" (released, every one of them before: the
-    command was delivered twice or redone after a crash), "stale" (a majority does
-    not hold that token) or "wait" (no majority yet: retry the command later).
+    another owner): RELEASED, REPEATED, STALE or WAIT (`ReleaseDecision`).
 
     Released means the id is free on a majority: released there, or never marked (a
-    member that missed the claim and its fill). Counted as "stale" instead, that
+    member that missed the claim and its fill). Counted as STALE instead, that
     member tied with one that released it while a third recovered, and the command
     partition waited forever, as a handover's did (see handover_decision)."""
     released = sum(1 for a in answers if a in RELEASED)
     if released and released + answers.count(NO_LIVE_MARK) >= majority:
-        return "released" if RELEASED_NOW in answers else "repeated"
+        return ReleaseDecision.RELEASED if RELEASED_NOW in answers else ReleaseDecision.REPEATED
     if len(answers) - released >= majority:
-        return "stale"
-    return "wait"
+        return ReleaseDecision.STALE
+    return ReleaseDecision.WAIT

@@ -16,7 +16,7 @@ from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
-from gateway.rules.commands import Handover, handover_decision
+from gateway.rules.commands import Handover, HandoverDecision, handover_decision
 
 
 @asynccontextmanager
@@ -57,7 +57,8 @@ async def decisions(quorum: Quorum, copies: Sequence[Handover], answering: int) 
         replies = await quorum.handover([copy])
         answers = [a for r in replies if (a := r[0]) is not None]
         assert len(answers) == answering, replies
-        decided[copy.ref] = handover_decision(answers, quorum.majority, copy.ref, quorum.size)
+        decision = handover_decision(answers, quorum.majority, copy.ref, quorum.size)
+        decided[copy.ref] = decision.value
     return decided
 
 
@@ -112,9 +113,8 @@ async def test_a_copy_whose_gateway_does_not_count_a_member_the_other_moved_does
             replies = await dropping.handover([first])
             answers = [a for r in replies if (a := r[0]) is not None]
             assert answers == [1, later.ref]
-            assert handover_decision(answers, dropping.majority, first.ref, dropping.size) == (
-                "wait"
-            )
+            decision = handover_decision(answers, dropping.majority, first.ref, dropping.size)
+            assert decision is HandoverDecision.WAIT
             assert await decisions(counting_all, [later], answering=3) == {later.ref: "act"}
             assert await decisions(counting_all, [first], answering=3) == {first.ref: "skip"}
         finally:

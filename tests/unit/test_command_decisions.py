@@ -10,7 +10,15 @@ import pytest
 
 from gateway.contract.commands import Command
 from gateway.contract.tokens import dead_token, mark_digest, owner_token
-from gateway.rules.commands import handover_decision, handover_of, release_decision
+from gateway.rules.commands import (
+    ACT,
+    WAIT,
+    HandoverDecision,
+    ReleaseDecision,
+    handover_decision,
+    handover_of,
+    release_decision,
+)
 
 OWN, BEFORE, AFTER, LAST = "failures/0/5", "failures/0/1", "failures/1/2", "failures/1/9"
 
@@ -70,7 +78,7 @@ OWN, BEFORE, AFTER, LAST = "failures/0/5", "failures/0/1", "failures/1/2", "fail
 def test_a_done_note_settles_a_command_and_otherwise_a_majority_decides(
     answers: list[int | str], majority: int, size: int, decision: str
 ) -> None:
-    assert handover_decision(answers, majority, OWN, size) == decision
+    assert handover_decision(answers, majority, OWN, size) is HandoverDecision(decision)
 
 
 def test_copies_that_split_the_members_agree_on_exactly_one_that_acts() -> None:
@@ -87,7 +95,7 @@ def test_copies_that_split_the_members_agree_on_exactly_one_that_acts() -> None:
                 ref for c, ref in enumerate(refs)
                 if c in moved_by and handover_decision(
                     [1 if m == c else refs[m] for m in moved_by], majority, ref, members
-                ) == "act"
+                ) is ACT
             ]  # fmt: skip
             assert acting == [expected], (members, moved_by)
 
@@ -120,7 +128,7 @@ def test_the_copy_that_acts_is_the_one_every_member_s_answer_names_whatever_a_co
             full = [
                 c for c in range(copies)
                 if handover_decision(_seen_by(c, every, moved_by, refs), majority, refs[c],
-                                     members) == "act"
+                                     members) is ACT
             ]  # fmt: skip
             assert len(full) <= 1, moved_by
             movers = [c for c in moved_by if c < copies]
@@ -132,7 +140,7 @@ def test_the_copy_that_acts_is_the_one_every_member_s_answer_names_whatever_a_co
                         handover_decision(
                             _seen_by(c, seen, moved_by, refs), majority, refs[c], members
                         )
-                        == "act"
+                        is ACT
                     ):
                         assert [c] == full, (members, moved_by, c, seen)
 
@@ -141,8 +149,8 @@ def test_a_copy_that_misses_a_member_another_copy_moved_does_not_act_beside_it()
     """The issue's case: three members; copy A's gateway does not count member 2, which
     copy B moved; B's gateway counts all three."""
     ra, rb = "failures/0/7", "failures/1/3"
-    assert handover_decision([1, rb], 2, ra, 3) == "wait"  # acted before
-    assert handover_decision([ra, 1, 1], 2, rb, 3) == "act"
+    assert handover_decision([1, rb], 2, ra, 3) is WAIT  # acted before
+    assert handover_decision([ra, 1, 1], 2, rb, 3) is ACT
 
 
 @pytest.mark.parametrize(
@@ -170,7 +178,7 @@ def test_a_copy_that_misses_a_member_another_copy_moved_does_not_act_beside_it()
 def test_a_release_is_decided_by_a_majority_and_a_repeat_is_told_apart(
     answers: list[int], majority: int, decision: str
 ) -> None:
-    assert release_decision(answers, majority) == decision
+    assert release_decision(answers, majority) is ReleaseDecision(decision)
 
 
 def command(attempt: int) -> Command:
