@@ -43,9 +43,8 @@ from gateway.errors import (
 from gateway.member_urls import member_name
 
 PREFIX = "dedup_gateway"
-MULTIPROC_ENV = (
-    "PROMETHEUS_MULTIPROC_DIR"  # set in `run --workers N` workers (gateway/service/workers.py)
-)
+# Set in `run --workers N` workers (gateway/service/workers.py).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # The forward latency histogram observes every 16th forwarded record: a uniform
 # sample (each record equally likely, whatever the batch sizes) at a 16th of
@@ -56,8 +55,6 @@ UNDECIDED_ACTIONS: tuple[str, ...] = get_args(DedupSettings.model_fields["on_no_
 
 # Redis script calls take ~1 ms for small batches, tens of ms for large ones.
 _CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
 TRANSACTIONAL_LOOPS = ("raw", "delay", "failures")  # the loops that write in transactions
 
 
@@ -458,17 +455,6 @@ def package_version() -> str:
         return version("dedup-gateway")
     except PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown"
-
-
-class SupervisorMetrics:
-    """The supervisor's own metrics (`run --workers N`), served next to the workers'."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.worker_restarts = Counter(
-            f"{PREFIX}_worker_restarts",
-            "Worker processes restarted after they exited unasked",
-            registry=registry,
-        )
 
 
 class _PartitionGauge(Gauge):

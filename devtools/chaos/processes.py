@@ -83,6 +83,16 @@ class GatewayProcess:
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
 
+    def stopped(self) -> bool:
+        """Whether it is stopped (SIGSTOP: by the schedule, or at its own fault point)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+        except OSError:
+            return False
+
     def wait_exit(self, timeout_s: float) -> int | None:
         """After SIGTERM (one only: a second one exits without draining): the exit
         code, or None if it had to be killed."""

@@ -370,6 +370,11 @@ class Run:
             await asyncio.to_thread(gateway.kill)
             gateway.start(str(step), fault=f"raw-acked:kill:{step.size}")
             self._restore_later(run, lambda: self._restart_after_own_kill(gateway, step))
+        elif fault is Fault.GATEWAY_STOP_RETRY_ACKED:
+            gateway = self.gateways[step.target]
+            await asyncio.to_thread(gateway.kill)
+            gateway.start(str(step), fault=f"retry-acked:stop:{step.size}")
+            self._restore_later(run, lambda: self._resume_after_own_stop(gateway, step))
         elif fault in GATEWAY_FAULTS:
             gateway = self.gateways[step.target]
             if fault is Fault.GATEWAY_KILL:
@@ -425,6 +430,24 @@ class Run:
             self.event(f"g{gateway.index} did not reach its fault point (step {step.index})")
             gateway.kill()
         gateway.start(f"after {step}")
+
+    def _resume_after_own_stop(self, gateway: GatewayProcess, step: Step) -> None:
+        """Once the gateway SIGSTOPped itself at its fault point, hold it `hold_s` (past
+        its session: the group moves on) and SIGCONT it, a zombie in its retry's
+        transaction. One that did not get there (no retry of its own) is restarted
+        without the fault, which would otherwise stop it later with nobody to resume it."""
+        assert gateway.proc is not None
+        deadline = time.monotonic() + OWN_KILL_WAIT_S
+        while not gateway.stopped() and gateway.exited() is None:
+            if time.monotonic() > deadline:
+                self.event(f"g{gateway.index} did not reach its fault point (step {step.index})")
+                gateway.kill()
+                gateway.start(f"after {step}")
+                return
+            time.sleep(0.05)
+        self.event(f"g{gateway.index} stopped itself at its retry {step.size}")
+        time.sleep(step.hold_s)
+        gateway.resume()
 
     async def _change_config(self, step: Step) -> None:
         """Restart with the changed settings (docs/operations.md, "Changing the

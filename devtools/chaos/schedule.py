@@ -52,6 +52,10 @@ class Fault(enum.StrEnum):
     # Gateway `target` restarted to SIGKILL itself at its `size`-th raw batch whose copies
     # the broker acknowledged, before the offsets commit (gateway/faults.py); restarted.
     GATEWAY_KILL_ACKED = "gateway-kill-acked"
+    # Retry runs only: gateway `target` restarted to SIGSTOP itself at its `size`-th retry
+    # whose copy the broker acknowledged, before its transaction commits (fault point
+    # `retry-acked`); resumed `hold_s` later, past its session: a zombie in a retry step.
+    GATEWAY_STOP_RETRY_ACKED = "gateway-stop-retry-acked"
 
 
 WEIGHTS = {
@@ -69,12 +73,21 @@ WEIGHTS = {
     Fault.MEMBER_HANDOVER: 0,  # once per run
     Fault.BROKER_RESTART: 0,  # once per run, `_once_per_run`
     Fault.GATEWAY_KILL_ACKED: 0,  # once per run, `_once_per_run`
+    Fault.GATEWAY_STOP_RETRY_ACKED: 0,  # once per retry run, `_once_per_run`
 }
-ONCE_PER_RUN = (Fault.BROKER_RESTART, Fault.GATEWAY_KILL_ACKED)
+# Placed in this order, each by the next draws of one generator: a fault added here comes
+# last, so the seeds' earlier ones stay where they were.
+ONCE_PER_RUN = (Fault.BROKER_RESTART, Fault.GATEWAY_KILL_ACKED, Fault.GATEWAY_STOP_RETRY_ACKED)
+RETRY_FAULTS = (Fault.GATEWAY_STOP_RETRY_ACKED,)  # retry mode only
 DELAY_FAULTS = (
     Fault.HOSTILE_TIERS, Fault.HOSTILE_COMMANDS, Fault.CONFIG_CHANGE, Fault.MEMBER_HANDOVER,
 )  # fmt: skip
-GATEWAY_FAULTS = (Fault.GATEWAY_KILL, Fault.GATEWAY_STOP, Fault.GATEWAY_KILL_ACKED)
+GATEWAY_FAULTS = (
+    Fault.GATEWAY_KILL,
+    Fault.GATEWAY_STOP,
+    Fault.GATEWAY_KILL_ACKED,
+    Fault.GATEWAY_STOP_RETRY_ACKED,
+)
 BROKER_FAULTS = (Fault.BROKER_STOP, Fault.BROKER_RESTART)
 REDIS_FAULTS = (Fault.REDIS_KILL, Fault.REDIS_STOP, Fault.REDIS_RESTART_EMPTY)
 
@@ -144,6 +157,8 @@ class Step:
     def __str__(self) -> str:
         if self.fault is Fault.GATEWAY_KILL_ACKED:
             what = f"g{self.target} at its acked batch {self.size}, down {self.hold_s:.1f}s"
+        elif self.fault is Fault.GATEWAY_STOP_RETRY_ACKED:
+            what = f"g{self.target} at its acked retry {self.size}, stopped {self.hold_s:.1f}s"
         elif self.fault in GATEWAY_FAULTS:
             what = f"g{self.target} for {self.hold_s:.1f}s"
         elif self.fault in REDIS_FAULTS:
@@ -305,7 +320,12 @@ def make_schedule(
         step = _make_step(rng, len(steps), fault, config)
         steps.append(step)
         spent += step.pause_s + _cost_s(step, config)
-    steps = _once_per_run(seed, [f for f in ONCE_PER_RUN if f not in excluded], steps, config)
+    once = [
+        f
+        for f in ONCE_PER_RUN
+        if f not in excluded and (config.mode == "retry" or f not in RETRY_FAULTS)
+    ]
+    steps = _once_per_run(seed, once, steps, config)
     return Schedule(config, tuple(steps), duration_s)
 
 
@@ -345,6 +365,10 @@ def _make_step(rng: random.Random, index: int, fault: Fault, config: RunConfig) 
     if fault is Fault.GATEWAY_KILL_ACKED:
         gateway, batch = rng.randrange(config.gateways), rng.randint(1, 12)
         return Step(index, fault, gateway, round(rng.uniform(0, 2.0), 2), batch, pause_s=pause)
+    if fault is Fault.GATEWAY_STOP_RETRY_ACKED:  # past its session: a zombie when resumed
+        gateway, retry = rng.randrange(config.gateways), rng.randint(1, 5)
+        hold = round(rng.uniform(session + 0.5, session + 4), 2)
+        return Step(index, fault, gateway, hold, retry, pause_s=pause)
     if fault is Fault.CONFIG_CHANGE:
         return Step(index, fault, pause_s=pause)
     if fault is Fault.MEMBER_HANDOVER:
@@ -358,7 +382,7 @@ def _cost_s(step: Step, config: RunConfig) -> float:
     """A rough guess of the wall time a step takes, to size a schedule."""
     if step.fault in BROKER_FAULTS:
         return step.hold_s + 6
-    if step.fault is Fault.GATEWAY_KILL_ACKED:
+    if step.fault in (Fault.GATEWAY_KILL_ACKED, Fault.GATEWAY_STOP_RETRY_ACKED):
         return step.hold_s + config.session_timeout_s + 8
     if step.fault is Fault.GATEWAY_KILL:
         return step.hold_s + config.session_timeout_s + 3
@@ -371,6 +395,9 @@ def _cost_s(step: Step, config: RunConfig) -> float:
 
 def outlives_session(step: Step, config: RunConfig) -> bool:
     """A fault after which the group moves partitions (so the crash window applies)."""
-    if step.fault in (Fault.GATEWAY_KILL, Fault.GATEWAY_KILL_ACKED, Fault.MEMBER_HANDOVER):
+    if step.fault in (
+        Fault.GATEWAY_KILL, Fault.GATEWAY_KILL_ACKED, Fault.GATEWAY_STOP_RETRY_ACKED,
+        Fault.MEMBER_HANDOVER,
+    ):  # fmt: skip
         return True
     return step.fault is Fault.GATEWAY_STOP and step.hold_s >= config.session_timeout_s

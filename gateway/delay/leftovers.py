@@ -37,6 +37,7 @@ from aiokafka.errors import KafkaError
 from gateway.config import Settings, parse_duration
 from gateway.errors import ConfigError
 from gateway.kafka.clients import build_consumer, partitions_of, stop_within
+from gateway.kafka.count import count_records
 from gateway.rules.tiers import millis, tier_label, tier_topics
 
 _TIER_TOPIC = re.compile(r"(?P<clean>.+)\.delay\.(?P<label>[0-9]+(?:ms|s|m|h|d))")
@@ -119,7 +120,7 @@ async def refuse_stranded_tiers(settings: Settings) -> None:
         read = await asyncio.gather(*(_committed_on(consumer, t) for t in others))
         cleans = {named[t][0] for t, yes in zip(others, read, strict=True) if yes}
         tiers = sorted([*own, *(t for t in others if named[t][0] in cleans)])
-        waiting = await asyncio.gather(*(_not_moved_on(consumer, topic) for topic in tiers))
+        waiting = await _not_moved_on(consumer, tiers)
     finally:
         await stop_within(consumer)
     stranded = [f"{topic} ({n} records)" for topic, n in zip(tiers, waiting, strict=True) if n]
@@ -132,18 +133,27 @@ async def refuse_stranded_tiers(settings: Settings) -> None:
         )
 
 
-async def _not_moved_on(consumer: AIOKafkaConsumer, topic: str) -> int:
-    """Records of `topic` after the delay group's committed offsets."""
-    partitions = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+async def _not_moved_on(consumer: AIOKafkaConsumer, topics: list[str]) -> list[int]:
+    """Data records of each topic after the delay group's committed offsets, read
+    (`count_records`): with `exactly_once` a drained tier's end offset is one past
+    the commit, its transaction's commit marker."""
+    partitions = [
+        TopicPartition(topic, p) for topic in topics for p in await partitions_of(consumer, topic)
+    ]
+    if not partitions:
+        return [0 for _ in topics]
     begins = await consumer.beginning_offsets(partitions)
-    ends = await consumer.end_offsets(partitions)
+    ends = await consumer.end_offsets(partitions)  # read_committed: the last stable offsets
     # No right to read the delay group's offsets (a deployment that never used [delay]):
     # every record counts as waiting.
     committed = await asyncio.gather(*(_committed(consumer, tp) for tp in partitions))
-    return sum(
-        max(0, ends[tp] - max(done or 0, begins[tp]))
+    spans = {
+        tp: (start, ends[tp])
         for tp, done in zip(partitions, committed, strict=True)
-    )
+        if (start := max(done or 0, begins[tp])) < ends[tp]
+    }
+    counted = await count_records(consumer, spans) if spans else {}
+    return [sum(n for tp, n in counted.items() if tp.topic == topic) for topic in topics]
 
 
 async def _committed(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:

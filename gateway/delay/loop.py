@@ -60,18 +60,19 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from gateway import faults
 from gateway.config import Settings
 from gateway.contract.records import (
-    H_DELIVER_AT,
     H_WINDOW,
     OutRecord,
     Record,
 )
+from gateway.delay.closing import WindowCloses
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.coalescer import now_ms
 from gateway.delay.held import Held, TierRecords, size_of
+from gateway.kafka.commits import Commits
 from gateway.kafka.due import DueQueue
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
-from gateway.kafka.loop import Commits, ConsumerLoop
-from gateway.kafka.offsets import OffsetBook, PartitionOffsets
+from gateway.kafka.loop import Ask, ConsumerLoop
+from gateway.kafka.offsets import OffsetBook, PartitionOffsets, fetch_position
 from gateway.kafka.salvage import Fetched
 from gateway.kafka.sink import Sink
 from gateway.kafka.transactions import Member
@@ -82,7 +83,6 @@ from gateway.rules.tiers import (
     pick_tier,
     replace_tier_at,
 )
-from gateway.rules.windows import WINDOW_EXPIRED, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,10 @@ class DelayLoop:
             self.max_bytes,
         )  # fmt: skip
         self.held: DueQueue[Held] = DueQueue()  # by next step
+        self.closes = None if closer is None else WindowCloses(
+            closer, self.records, self.tiers, self.held, metrics, self.clean_topic,
+            self.quarantine_topic,
+        )  # fmt: skip
         self.held_bytes = 0
         self.book: OffsetBook[_Partition] = OffsetBook(_Partition)
         self.loop = ConsumerLoop(
@@ -152,7 +156,7 @@ class DelayLoop:
         """Take, step and commit until `stop`; then `drain`."""
         await self.loop.run(stop)
 
-    async def ask(self, stop: asyncio.Event) -> tuple[int, int]:
+    async def ask(self, stop: asyncio.Event) -> Ask:
         """Resume the partitions due; fetch no longer than until the first held step,
         no more than there is room for."""
         now = now_ms()
@@ -160,7 +164,7 @@ class DelayLoop:
         wait = FETCH_TIMEOUT_MS
         if (first := self.held.next_at()) is not None:
             wait = max(0, min(wait, int(first) - now))
-        return wait, max(1, MAX_HELD - len(self.held))
+        return Ask(wait, max(1, MAX_HELD - len(self.held)))
 
     async def take(self, fetched: Fetched) -> set[TopicPartition]:
         """Hold what is fetched (pausing where a step is further ahead), then step."""
@@ -173,6 +177,9 @@ class DelayLoop:
         }
         await self._step(now_ms())
         return stopped
+
+    async def settle(self) -> None:
+        """Nothing to settle: a salvage reads on from where the offset book stands."""
 
     async def after(self, stop: asyncio.Event) -> None:
         self._report()
@@ -263,7 +270,10 @@ class DelayLoop:
             else:
                 moves[self.tiers.topics[tier]].append(_copy(rec, tier_at_ms=now))
             stepped.append(held)
-        emitted = await self._close(closing, now, moves, stepped) if closing else []
+        emitted = []
+        if closing:
+            assert self.closes is not None  # records with a window are read only with one
+            emitted = await self.closes.decide(closing, now, moves, stepped)
         if not stepped:
             return
         if self.commits.transactions is None:
@@ -291,7 +301,9 @@ class DelayLoop:
     ) -> dict[TopicPartition, int]:
         await self._move(moves, to_clean, emitted, stepped)
         faults.reached("delay-acked")
-        return self.book.due_commits(self.consumer)
+        # Every partition's point, moved or not: its offsets make the transaction
+        # checked against the group generation (`OffsetBook.fencing_commits`).
+        return self.book.fencing_commits(self.consumer)
 
     async def _read_again(self) -> None:
         """A step's transaction aborted: nothing it moved is visible and no offset moved.
@@ -326,60 +338,12 @@ class DelayLoop:
             if part is not None:
                 part.moved.add(held.record.offset)
 
-    async def _close(
-        self,
-        closing: list[Held],
-        now: int,
-        moves: dict[str, list[OutRecord]],
-        stepped: list[Held],
-    ) -> list[int]:
-        """Decide the windows of due coalesced records (gateway/delay/coalescer.py): the newest
-        goes to the clean topic, the superseded are dropped, the rest wait again; one
-        that cannot be decided (bad headers, its window's state gone) goes to
-        quarantine alone. Returns the emitted windows' close times."""
-        assert self.closer is not None  # records with a window are read only with one
-        closings = await self.closer.close([h.record for h in closing])
-        emitted = []
-        for held, decided in zip(closing, closings, strict=True):
-            rec = held.record
-            if decided.verdict is Verdict.BAD:
-                moves[self.quarantine_topic].append(self.records.quarantined(rec, decided.problem))
-            elif decided.verdict is Verdict.LOST:
-                moves[self.quarantine_topic].append(
-                    self.records.quarantined(rec, WINDOW_EXPIRED, "window_expired")
-                )
-            elif decided.verdict is Verdict.EMIT:
-                headers = self.closer.emitted(replace_tier_at(rec.headers, None), decided)
-                moves[self.clean_topic].append(
-                    OutRecord(rec.key, rec.value, rec.timestamp, headers, rec.partition)
-                )
-                emitted.append(decided.closed_ms)
-                self.metrics.coalesce_emitted.inc()
-            elif decided.verdict is Verdict.DROP:
-                self.metrics.coalesce_merged.inc()
-            elif (
-                decided.verdict is Verdict.WAIT
-                and (tier := pick_tier(decided.close_ms - now, self.tiers.ms)) is not None
-            ):  # extended by a later update: back to a tier until then
-                headers = [(k, v) for k, v in rec.headers if k != H_DELIVER_AT]
-                headers.append((H_DELIVER_AT, str(decided.close_ms).encode()))
-                moves[self.tiers.topics[tier]].append(
-                    OutRecord(rec.key, rec.value, rec.timestamp,
-                              replace_tier_at(headers, now), rec.partition)
-                )  # fmt: skip
-            else:  # soon, or no majority answered: held here until then
-                held.due_ms = held.step_ms = decided.close_ms
-                self.held.push(held.step_ms, held)
-                continue
-            stepped.append(held)
-        return emitted
-
     async def _deliver(self, topic: str, records: Sequence[OutRecord]) -> None:
         futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
         await asyncio.gather(*futures)
 
     def _report(self) -> None:
-        """Held records, and the backlog per tier from the fetch-response high watermark."""
+        """Held records, and the backlog per tier (`waiting`)."""
         now = time.monotonic()
         if now < self._report_due:
             return
@@ -388,10 +352,7 @@ class DelayLoop:
         backlog = dict.fromkeys([*self.tiers.labels, *self.leftover], 0)
         for tp in self.consumer.assignment():
             part = self.book.parts.get(tp)
-            high = self.consumer.highwater(tp)
-            point = part.commit_point() if part is not None else None
-            if high is not None and point is not None:
-                backlog[self.records.label(tp.topic)] += max(0, high - point)
+            backlog[self.records.label(tp.topic)] += waiting(part, self.consumer, tp)
         for label, records in backlog.items():
             self.metrics.delay_backlog.labels(label).set(records)
 
@@ -401,6 +362,23 @@ class DelayLoop:
         self.book.forget(gone)
         dropped = self.held.drop(lambda h: (h.record.topic, h.record.partition) in gone)
         self.held_bytes -= sum(h.size for h in dropped)
+
+
+def waiting(part: _Partition | None, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+    """Records of `tp` not yet moved on: those read after the commit point (taken,
+    in memory or moved behind one that is not), and the offsets not yet read up
+    to the fetch-response high watermark. Data records only where the loop has
+    read: with `exactly_once` a transaction's commit marker takes an offset after
+    its records, which the commit point stays before, and a drained tier shows 0,
+    not 1 (offsets not read yet may hold markers too)."""
+    high: int | None = consumer.highwater(tp)
+    if part is None or high is None or part.commit_point() is None:
+        return 0
+    read_to = max(
+        (at for at in (part.next_offset, fetch_position(consumer, tp)) if at is not None),
+        default=high,
+    )
+    return len(part.taken) + max(0, high - read_to)
 
 
 def _copy(rec: Record, tier_at_ms: int | None, window: bool = True) -> OutRecord:

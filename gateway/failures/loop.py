@@ -53,8 +53,9 @@ from gateway.config import Settings
 from gateway.contract.commands import Command, parse_command
 from gateway.contract.records import Record, coordinates, source_ref
 from gateway.errors import InvalidCommand
+from gateway.kafka.commits import Commits
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
-from gateway.kafka.loop import Commits, ConsumerLoop
+from gateway.kafka.loop import Ask, ConsumerLoop, Idle
 from gateway.kafka.offsets import OffsetBook, PartitionOffsets
 from gateway.kafka.salvage import Fetched
 from gateway.kafka.transactions import group_member
@@ -142,16 +143,15 @@ class FailureLoop:
     async def run(self, stop: asyncio.Event) -> None:
         await self.loop.run(stop)
 
-    async def ask(self, stop: asyncio.Event) -> tuple[int, int] | None:
+    async def ask(self, stop: asyncio.Event) -> Ask | Idle:
         """The effects due first; no fetch while too many are scheduled."""
         if self.commits.transactions is None:
             await self.mode.run_due(stop)
         elif self.mode.has_due():
             await self._due_in_a_transaction(stop)
         if self.mode.busy():
-            await wait_or_stop(stop, FETCH_TIMEOUT_MS / 1000)  # let scheduled effects drain
-            return None
-        return FETCH_TIMEOUT_MS, MAX_COMMANDS
+            return Idle(FETCH_TIMEOUT_MS)  # let scheduled effects drain
+        return Ask(FETCH_TIMEOUT_MS, MAX_COMMANDS)
 
     async def _due_in_a_transaction(self, stop: asyncio.Event) -> None:
         """The due effects' copies and the command offsets they complete in one
@@ -161,7 +161,10 @@ class FailureLoop:
 
         async def step() -> dict[TopicPartition, int]:
             sent.extend(await self.mode.run_due(stop, self.step_budget_s))
-            return self.book.due_commits(self.commands)
+            # Every partition's point, moved or not: a retry behind an older command
+            # still scheduled moves none, and a transaction without offsets is checked
+            # against no group generation (a zombie's retry committed twice).
+            return self.book.fencing_commits(self.commands)
 
         async with self.loop.lock:
             try:
@@ -196,6 +199,9 @@ class FailureLoop:
                 rewound.add(tp)
         self._rewound = self._rewound or bool(rewound)
         return rewound
+
+    async def settle(self) -> None:
+        """Nothing to settle: a salvage reads on from where the offset book stands."""
 
     async def after(self, stop: asyncio.Event) -> None:
         """Commit up to the oldest command whose effect is still scheduled; after a

@@ -8,6 +8,12 @@ their own transactional producer, under an id of their own
 (the group moved on, or the broker aborted it after `transaction_timeout`) wrote
 nothing a `read_committed` reader sees and moved no offset: `run` raises
 `StepAborted`, and the loop reads its partitions again from their committed offsets.
+
+Every transaction that writes copies commits input offsets with them, at the partitions'
+commit points whether they moved or not (`OffsetBook.fencing_commits`): their
+TxnOffsetCommit is what checks the group generation, so a gateway stalled past its
+session (a zombie) aborts whatever step it resumes in. `run` aborts a transaction that
+wrote copies and has no offset to send.
 """
 
 from __future__ import annotations
@@ -74,7 +80,8 @@ class Transactions:
         next offset to read) and those offsets of the partitions still assigned, in
         one transaction, committed as `member` (who the consumer was in its group when
         it fetched the records). Returns the offsets committed; StepAborted when the
-        transaction aborted. Any other error aborts it and is raised as it is."""
+        transaction aborted (also when it wrote copies and no offset is left to fence
+        them). Any other error aborts it and is raised as it is."""
         producer = self.producer
         try:
             await producer.begin()
@@ -86,6 +93,10 @@ class Transactions:
             offsets = await step
             assigned = consumer.assignment()
             offsets = {tp: o for tp, o in offsets.items() if tp in assigned}
+            if not offsets and producer._txn_manager.txn_partitions:
+                # Copies with no offset: no TxnOffsetCommit, so nothing would check the
+                # group generation, and a zombie's copies would commit.
+                raise CommitFailedError("copies written with no input offset to fence them")
             if offsets and (member[0] < 0 or not member[1]):
                 # Fetched outside the group: the coordinator would take a commit without
                 # a generation for one with no group metadata at all, and accept it.

@@ -4,7 +4,7 @@
 not yet acknowledged downstream, and the commit point that follows from them
 (the first one still in flight, else the next to read). Offsets are committed
 only for partitions still assigned, and only once acknowledged; the commit itself
-is the loop's (gateway/kafka/loop.py, `Commits`).
+is the loop's (gateway/kafka/commits.py, `Commits`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,18 @@ class PartitionOffsets:
         while self.taken and self.taken[0] in self.moved:
             self.moved.discard(self.taken.popleft())
         return self.taken[0] if self.taken else self.next_offset
+
+
+def fetch_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """Where `consumer` reads `tp` next, without waiting (None: not assigned, or no
+    position yet). Past what `getmany` consumed and never returns: a transaction's
+    commit or abort marker (an offset of its own) and an aborted transaction's
+    records, so it can be beyond the last record's offset + 1. aiokafka's
+    `position()` says the same but waits while there is none."""
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    state = assignment.state_value(tp) if assignment is not None else None
+    return state.position if state is not None and state.has_valid_position else None
 
 
 class OffsetBook(Generic[P]):
@@ -79,6 +91,22 @@ class OffsetBook(Generic[P]):
         for tp, part in self.parts.items():
             point = part.commit_point()
             if tp in assigned and point is not None and point != part.committed:
+                offsets[tp] = point
+        return offsets
+
+    def fencing_commits(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, int]:
+        """Commit points of every assigned partition, moved since the last commit or not:
+        what a step's transaction commits with its copies (`[kafka] exactly_once`). Its
+        TxnOffsetCommit names the group generation, so a gateway stalled past its
+        session has them refused and its transaction aborts. With `due_commits` alone,
+        a step whose points did not move (a retry behind an older command still
+        scheduled, a record moved ahead of an earlier one still held) sent no offsets,
+        nothing checked the generation, and a zombie's copies were committed."""
+        assigned = consumer.assignment()
+        offsets = {}
+        for tp, part in self.parts.items():
+            point = part.commit_point()
+            if tp in assigned and point is not None:
                 offsets[tp] = point
         return offsets
 

@@ -14,8 +14,8 @@ parses them as aiokafka does, except that a header name that is not UTF-8 is
 dropped and counted instead of failing. Message format v2 only (Kafka 0.11+):
 older batches cannot carry headers, and a scan stops at one.
 
-`Salvage` is the one way every consumer loop gets past such a record (the raw loop,
-and the delay and failure loops through gateway/kafka/loop.py): rewind, read
+`Salvage` is the one way every consumer loop gets past such a record (the raw, delay
+and failure loops through gateway/kafka/loop.py): rewind, read
 leniently, hand what was read to the loop as one batch, read on after it.
 """
 
@@ -89,6 +89,11 @@ class Fetched:
     member: Member
     bad: Mapping[TopicPartition, Mapping[int, int]] = field(default_factory=dict)
     next_offsets: Mapping[TopicPartition, int] = field(default_factory=dict)  # read on there
+
+    @property
+    def salvaged(self) -> bool:
+        """Read leniently, past records aiokafka cannot parse (`Salvage`)."""
+        return bool(self.next_offsets)
 
 
 # Takes a batch; returns the partitions that stop where they are (paused, rewound,

@@ -279,6 +279,12 @@ class TransactionalProducer(AIOKafkaProducer):  # type: ignore[misc]
         except Errors.GroupAuthorizationFailedError as exc:
             sender._txn_manager.error_transaction(exc)
             return
+        except Errors.KafkaError as exc:
+            # The broker went away during the lookup (chaos seed 4, a broker restart):
+            # raised here, it ended aiokafka's sender routine with a traceback. The
+            # transaction aborts instead, and the loop reads its partitions again.
+            abortable(sender._txn_manager, exc)
+            return
         await GroupTxnOffsetCommitHandler(sender, offsets, group_id, self._member).do(node_id)
 
     async def _txn_commit(self, commit_result: bool) -> None:

@@ -23,8 +23,8 @@ from collections.abc import Awaitable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway import faults
+from gateway.kafka.commits import Commits
 from gateway.kafka.exactly_once import StepAborted, Transactions
-from gateway.kafka.loop import Commits
 from gateway.kafka.transactions import Member
 
 

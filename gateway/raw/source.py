@@ -1,12 +1,13 @@
-"""The raw fetch loop: fetch a batch, vote on it, hand it to the checkpoint; rebalances.
+"""The raw loop, a step on the consumer-loop skeleton (gateway/kafka/loop.py): fetch a
+batch, vote on it, hand it to the checkpoint; rebalances.
 
 Three batches are in flight at most: one whose ids are being claimed, the
 one before it whose vote is being finished (its claims were sent first, so
 Redis always has the next batch's work while the gateway classifies), and
 the one before that being forwarded and committed (gateway/raw/checkpoint.py).
-The loop holds `batch_lock` while it votes and hands a batch over; a
-rebalance takes the same lock and finishes the batch being claimed and
-drains, so a revoked partition's batches in hand are forwarded and
+The skeleton holds its lock while the step votes and hands a batch over; a
+rebalance takes the same lock and the step settles (finishes the batch being
+claimed and drains), so a revoked partition's batches in hand are forwarded and
 committed before the partition moves. A batch fetched before the revoke but
 not yet in hand when it ran is dropped: it is read again from the commits.
 
@@ -16,8 +17,9 @@ records out (they were claimed by their own tokens, so reading them again
 finds their marks theirs).
 
 A raw record with a header name that is not UTF-8 makes aiokafka's `getmany`
-raise, every time (gateway/kafka/salvage.py). The loop then reads the partitions
-leniently from their committed offsets (the salvage every loop shares) and
+raise, every time (gateway/kafka/salvage.py). The skeleton then settles the step and
+reads the partitions leniently from their committed offsets (the salvage every loop
+shares), and the step
 quarantines such a record (`bad_header`, those headers dropped), after the records
 before it, and the partition reads on after it.
 """
@@ -26,26 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from gateway.errors import BadRecord
-from gateway.kafka.clients import unless_stopped
 from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
-from gateway.kafka.rebalance import Rebalance, RevocationGuard
-from gateway.kafka.salvage import Fetched, Salvage
-from gateway.kafka.transactions import Member, group_member
+from gateway.kafka.loop import Ask, ConsumerLoop
+from gateway.kafka.salvage import Fetched
 from gateway.metrics import Metrics
 from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.checkpoint import Checkpoint
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline, Voting
 from gateway.rules.classify import Decided
-from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +53,8 @@ LAG_EVERY_S = 1.0
 
 
 class RawSource:
-    """The raw topics' consumer loop. Owns the blocked partitions and the lag gauges."""
+    """The raw topics' loop step (`kafka.loop.Step`). Owns the blocked partitions and
+    the lag gauges."""
 
     def __init__(
         self,
@@ -74,25 +73,24 @@ class RawSource:
         self.metrics = metrics
         self.max_records = max_records
         self.checkpoint = Checkpoint(consumer, transactions)
-        self.batch_lock = asyncio.Lock()
         self.claiming: Voting | None = None  # the batch whose ids are being claimed
-        self.guard = RevocationGuard()  # a batch fetched before a revoke is stale
-        self.fetched_as: Member = (-1, "", None)  # who the consumer was at the last fetch
-        self.salvage = Salvage(consumer, pipeline.settings.kafka, "raw")
+        self.loop = ConsumerLoop(
+            consumer, pipeline.settings.kafka, "raw", self,
+            reread=metrics.records_reread.labels("rebalance").inc,
+        )  # fmt: skip
         self.batches = 0
         self._lag_due = 0.0
 
     def listener(self) -> ConsumerRebalanceListener:
         # A revoke waits for the batches in hand: they are forwarded and committed
         # before the partitions move, so the next owner neither loses nor repeats them.
-        return Rebalance(
-            "partitions", self.batch_lock, self.guard, self._revoked, self._settle, self._assigned
-        )
+        return self.loop.listener("partitions", self._revoked, self._assigned)
 
     def _revoked(self, partitions: Iterable[TopicPartition]) -> None:
         self.forget(partitions)  # looked up at the revoke: a test may wrap `forget`
 
-    async def _settle(self) -> None:
+    async def settle(self) -> None:
+        """Finish the batch being claimed and commit all handed out (under the lock)."""
         await self.hand_over(None)
         await self._drained()
 
@@ -110,7 +108,7 @@ class RawSource:
         records come again)."""
         if self.claiming is not None:
             self.claiming.dropped.update(self.claiming.parts)
-        self.guard.revoked()  # a batch fetched before this is stale
+        self.loop.guard.revoked()  # a batch fetched before this is stale
         self.metrics.transactions_aborted.labels("raw").inc()
         await read_again_from_commits(self.consumer)
 
@@ -120,71 +118,54 @@ class RawSource:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch, vote, forward, commit until `stop`; the batches in hand are finished first."""
-        consumer = self.consumer
-        try:
-            while not stop.is_set():
-                self.blocked.resume_due(consumer)
-                # After the blocks: a held lane stays paused.
-                first = self.lanes.apply(consumer) if self.lanes is not None else []
-                try:
-                    # A batch being claimed: take what is fetched already, do not wait.
-                    fetched = await unless_stopped(
-                        self._fetch(consumer, first, waiting=self.claiming is None), stop
-                    )
-                    if fetched is None:
-                        break
-                    batch = fetched
-                except UnicodeDecodeError as exc:  # a header name (gateway/kafka/salvage.py)
-                    take = functools.partial(self._take_salvaged, time.perf_counter())
-                    async with self.batch_lock:
-                        await self.hand_over(None)
-                        await self._drained()  # all handed out is committed: read from there
-                        wait = await self.salvage(exc, self.max_records, take)
-                    await wait_or_stop(stop, wait)
-                    continue
-                if not batch:
-                    if self.claiming is not None:  # nothing more yet: finish its vote
-                        async with self.batch_lock:
-                            await self.hand_over(None)
-                    else:  # idle: the last batch's commit is waited for here, under the
-                        # lock as every drain: a revoke's settle that found it taken
-                        # began the next batch's transaction beside it (chaos seed
-                        # 15001: "Invalid state transition IN_TRANSACTION")
-                        async with self.batch_lock:
-                            await self._drained()
-                    await self._update_lag()
-                    continue
-                async with self.batch_lock:
-                    if self.guard.stale():
-                        # A revoke ran between the fetch and the lock: each partition
-                        # reads again from its committed offset (aiokafka resets every
-                        # position on the assignment that follows), so this batch is
-                        # left to whoever owns its partitions then.
-                        stale = sum(map(len, batch.values()))
-                        self.metrics.records_reread.labels("rebalance").inc(stale)
-                        logger.info(
-                            "%d records fetched before a rebalance are left to be read again",
-                            stale,
-                        )
-                        continue
-                    if self.lanes is not None:
-                        self.lanes.fetched(batch.keys())
-                    voting = self.pipeline.begin(batch)
-                    voting.member = self.fetched_as
-                    await self.hand_over(voting)
-                await self._update_lag()
-        finally:
-            async with self.batch_lock:
+        await self.loop.run(stop)
+
+    async def ask(self, stop: asyncio.Event) -> Ask:
+        """Resume the blocks that are due, then the lanes (a held lane stays paused); a
+        starved lane's partitions are asked first. While a batch is being claimed, the
+        fetch takes what is fetched already and does not wait."""
+        self.blocked.resume_due(self.consumer)
+        first = self.lanes.apply(self.consumer) if self.lanes is not None else []
+        wait_ms = FETCH_TIMEOUT_MS if self.claiming is None else 0
+        return Ask(wait_ms, self.max_records, tuple(first), STARVED_FETCH_MS)
+
+    async def take(self, fetched: Fetched) -> set[TopicPartition]:
+        """Under the loop's lock: start claiming the batch while the one before is
+        finished; nothing fetched: finish the vote in hand, or, idle, wait for the last
+        commit here, under the lock as every drain (a revoke's settle that found it
+        taken began the next batch's transaction beside it: chaos seed 15001, "Invalid
+        state transition IN_TRANSACTION")."""
+        if fetched.salvaged:
+            return await self._take_salvaged(time.perf_counter(), fetched)
+        if not fetched.records:
+            if self.claiming is not None:
                 await self.hand_over(None)
-                try:
-                    await self.checkpoint.drain()
-                except StepAborted:  # nothing of it committed: the next reader replays it
-                    self.metrics.transactions_aborted.labels("raw").inc()
+            else:
+                await self._drained()
+            return set()
+        if self.lanes is not None:
+            self.lanes.fetched(fetched.records.keys())
+        voting = self.pipeline.begin(fetched.records)
+        voting.member = fetched.member
+        await self.hand_over(voting)
+        return set()
+
+    async def after(self, stop: asyncio.Event) -> None:
+        await self._update_lag()
+
+    async def drain(self) -> None:
+        """At stop: the batches in hand forwarded and committed."""
+        async with self.loop.lock:
+            await self.hand_over(None)
+            try:
+                await self.checkpoint.drain()
+            except StepAborted:  # nothing of it committed: the next reader replays it
+                self.metrics.transactions_aborted.labels("raw").inc()
 
     async def hand_over(self, voting: Voting | None) -> None:
         """Finish the vote on the batch being claimed and hand it to the checkpoint;
         `voting` (its claims already sent) is claimed meanwhile and takes its place.
-        Called with `batch_lock` held."""
+        Called with the loop's lock held."""
         done, self.claiming = self.claiming, voting
         if done is None:
             return
@@ -207,24 +188,6 @@ class RawSource:
             await self.checkpoint.then(self._finish(decided, done.started, size), done.member)
         except StepAborted:  # the batch before `done`: `done` is read again too
             await self._read_again()
-
-    async def _fetch(
-        self, consumer: AIOKafkaConsumer, first: list[TopicPartition], waiting: bool
-    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
-        """One fetch; a starved lane's partitions (`first`) are asked on their own first.
-        Not `waiting`: the usual fetch takes only what the consumer has fetched already."""
-        most = self.max_records
-        batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
-        if first:
-            batch = await consumer.getmany(*first, timeout_ms=STARVED_FETCH_MS, max_records=most)
-        if not batch:
-            wait_ms = FETCH_TIMEOUT_MS if waiting else 0
-            batch = await consumer.getmany(timeout_ms=wait_ms, max_records=most)
-        # Read as getmany returns, no await between: a getmany that waited for a
-        # rebalance returns records of the new assignment, which are not stale.
-        self.guard.fetched()
-        self.fetched_as = group_member(consumer)
-        return batch
 
     async def _take_salvaged(self, started: float, fetched: Fetched) -> set[TopicPartition]:
         """Records read leniently (gateway/kafka/salvage.py), as one batch: those with

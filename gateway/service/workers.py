@@ -41,11 +41,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Metric
+from prometheus_client import CollectorRegistry, Counter, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from gateway.config import Settings
-from gateway.metrics import MULTIPROC_ENV, PREFIX, SupervisorMetrics
+from gateway.metrics import MULTIPROC_ENV, PREFIX
 from gateway.rules.backoff import backoff_delay
 from gateway.service.health import HealthServer
 from gateway.waits import wait_or_stop
@@ -58,6 +58,17 @@ RESTART_MAX_S = 60.0
 STABLE_S = 60.0  # a worker that ran this long restarts after the initial backoff again
 _PR_SET_PDEATHSIG = 1
 _MMAP_HEADER_BYTES = 8  # a metrics file shorter than this is still being created
+
+
+class SupervisorMetrics:
+    """The supervisor's own metrics (`run --workers N`), served next to the workers'."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.worker_restarts = Counter(
+            f"{PREFIX}_worker_restarts",
+            "Worker processes restarted after they exited unasked",
+            registry=registry,
+        )
 
 
 class WorkersCollector(MultiProcessCollector):

@@ -11,7 +11,14 @@ import pytest
 from devtools.chaos import Fault, Observations, Step, check, make_schedule
 from devtools.chaos.checker import QuarantineCopy, SkippedCommand
 from devtools.chaos.runner import _SKIPPED, traceback_error
-from devtools.chaos.schedule import DELAY_FAULTS, GRACE_MS, KINDS, ONCE_PER_RUN, RunConfig
+from devtools.chaos.schedule import (
+    DELAY_FAULTS,
+    GRACE_MS,
+    KINDS,
+    ONCE_PER_RUN,
+    RETRY_FAULTS,
+    RunConfig,
+)
 from devtools.chaos.standin import DeadLetter, Delivery, fate
 from devtools.chaos.timeline import StepRun
 from devtools.chaos.traffic import RawEntry, RecordMaker, digest_of
@@ -87,7 +94,12 @@ def test_a_seed_gives_one_schedule_and_forcing_a_choice_keeps_the_others():
     assert make_schedule(5, 60) != make_schedule(6, 60)
     forced = make_schedule(5, 60, mode="release", session_timeout_s=20)
     free = make_schedule(5, 60)
-    assert forced.steps == free.steps
+    assert free.config.mode == "retry"  # the retry-only fault goes with release mode
+
+    def others(steps: tuple[Step, ...]) -> list[Step]:
+        return [dataclasses.replace(s, index=0) for s in steps if s.fault not in RETRY_FAULTS]
+
+    assert others(forced.steps) == others(free.steps)
     assert (forced.config.id_spec, forced.config.gateways) == (
         free.config.id_spec,
         free.config.gateways,
@@ -100,6 +112,7 @@ def test_a_seed_gives_one_schedule_and_forcing_a_choice_keeps_the_others():
 def test_every_fault_class_appears_and_guaranteed_redis_faults_hit_one_member(seed):
     schedule = make_schedule(seed, 30)
     wanted = set(Fault) - (set() if schedule.config.delay else set(DELAY_FAULTS))
+    wanted -= set() if schedule.config.mode == "retry" else set(RETRY_FAULTS)
     assert {s.fault for s in schedule.steps} == wanted
     redis = {s.target for s in schedule.steps if s.fault.value.startswith("redis")}
     assert redis == {schedule.config.fragile_redis}
@@ -118,12 +131,17 @@ def test_the_once_per_run_faults_come_once_and_leave_the_seeds_other_steps_as_th
     schedule = make_schedule(seed, 120)
     without = make_schedule(seed, 120, exclude=[f.value for f in ONCE_PER_RUN])
     once = [s for s in schedule.steps if s.fault in ONCE_PER_RUN]
-    assert sorted(s.fault for s in once) == sorted(ONCE_PER_RUN)
+    retry = schedule.config.mode == "retry"
+    wanted = [f for f in ONCE_PER_RUN if retry or f not in RETRY_FAULTS]
+    assert sorted(s.fault for s in once) == sorted(wanted)
     others = [dataclasses.replace(s, index=0) for s in schedule.steps if s not in once]
     assert others == [dataclasses.replace(s, index=0) for s in without.steps]
     assert [s.index for s in schedule.steps] == list(range(len(schedule.steps)))
     acked = next(s for s in once if s.fault is Fault.GATEWAY_KILL_ACKED)
     assert 0 <= acked.target < schedule.config.gateways and acked.size >= 1
+    for stop in (s for s in once if s.fault is Fault.GATEWAY_STOP_RETRY_ACKED):
+        assert 0 <= stop.target < schedule.config.gateways and stop.size >= 1
+        assert stop.hold_s > schedule.config.session_timeout_s  # a zombie when resumed
 
 
 def test_excluded_kinds_are_left_out_and_unknown_ones_refused():

@@ -10,6 +10,7 @@ aborted transaction: the window was hit, not missed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ from devtools.harness import (
 )
 from devtools.topics import committed_offsets, create_topics, read_topic, wait_committed
 from devtools.traffic import produce_traffic
+from gateway.contract.tokens import owner_token
 from gateway.faults import ENV as FAULT_ENV
 from gateway.rules.tiers import tier_topics
 
@@ -319,3 +321,157 @@ async def test_a_kill_between_a_retrys_acknowledgement_and_its_commit(
         assert len(written) > 2 * ids  # the killed transaction's copies: aborted, not read
     else:
         assert max(retried.values()) == 2
+
+
+async def produce_batch(bootstrap: str, topic: str, headers: list[list[tuple[str, bytes]]]) -> None:
+    """Records to partition 0 in one produce request (one batch a fetch returns whole)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=100)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, b"v", partition=0, headers=h) for h in headers]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def _attempt_2(records) -> Counter[str]:  # type: ignore[no-untyped-def]
+    """The ids of the retries' copies (attempt 2), with how many times each came."""
+    return Counter(
+        dict(r.headers)["dedup-id"].decode()
+        for r in records
+        if dict(r.headers).get("dedup-attempt") == b"2"
+    )
+
+
+async def test_a_zombie_stalled_in_a_retry_behind_a_scheduled_one_commits_nothing_of_it(
+    broker, redis_servers, names, tmp_path: Path
+):
+    """Retry mode: the gateway hands over r1 (attempt 5, a long backoff) then r2 (attempt
+    1), and is SIGSTOPped after the broker acknowledged r2's retry copy and before its
+    transaction commits (`retry-acked:stop:1`). r1 still holds the command partition's
+    commit point back, so the step moved no offset; the other gateway takes the
+    partitions and retries r2. The zombie, resumed, still sends the partition's offset
+    (unmoved) in its transaction: the coordinator refuses its generation, the
+    transaction aborts, and a committed reader sees r2's retry once. Before, that step
+    carried no offsets, was never fenced, and committed r2's retry a second time."""
+    topics = Topics(names)
+    await create_topics(
+        broker,
+        {topics.raw: 1, topics.clean: 1, topics.failures: 1, topics.quarantine: 1,
+         topics.dead: 1},
+    )  # fmt: skip
+    await produce(broker, topics.raw, [(None, b"v", [("message-id", i)]) for i in (b"r1", b"r2")])
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        kafka={"exactly_once": "on", "session_timeout": "2s", "transaction_timeout": "60s"},
+        failures={"backoff_initial": "1s", "backoff_max": "60s", "max_attempts": 10},
+    )  # fmt: skip
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    zombie_log, other_log = tmp_path / "zombie.log", tmp_path / "other.log"
+    forwarding = start(config, zombie_log)
+    try:
+        clean = await read_topic(broker, topics.clean, min_records=2, timeout_s=60)
+    finally:
+        assert stop(forwarding) == 0, tail(zombie_log)
+    by_id = {dict(r.headers)["dedup-id"]: r for r in clean}
+    r1_key, r1_body, _ = failure_command(by_id[b"r1"], "boom")
+    r1 = {**json.loads(r1_body), "attempt": 5}  # its 5th attempt failed: 16s to the 6th
+    r1["token"] = owner_token(topics.raw, 0, r1["source"]["offset"], 5)
+    commands = [(r1_key, json.dumps(r1).encode(), []), failure_command(by_id[b"r2"], "boom")]
+    await produce(broker, topics.failures, commands)  # one partition: r1 first
+
+    zombie = start(config, zombie_log, fault="retry-acked:stop:1")  # at r2's retry
+    other: subprocess.Popen[bytes] | None = None
+    try:
+        await until("the zombie stalls in r2's retry", lambda: _stopped(zombie.pid), zombie_log)
+        other = start(config, other_log)
+
+        async def retried_twice() -> bool:  # the zombie's copy (its transaction open), the other's
+            written = await read_topic(broker, topics.clean, committed=False)
+            return _attempt_2(written)["r2"] >= 2
+
+        await until("the other gateway retries r2", retried_twice, other_log, timeout_s=60)
+        zombie.send_signal(signal.SIGCONT)
+        # Once the zombie's transaction ended (it held the committed read until then).
+        retried = _attempt_2(await read_topic(broker, topics.clean, timeout_s=60))
+        assert retried["r2"] == 1, tail(zombie_log)
+        await until(
+            "the zombie's transaction aborted",
+            lambda: "failures transaction aborted" in tail(zombie_log, 10**7),
+            zombie_log,
+        )
+        assert zombie.poll() is None, tail(zombie_log)  # it carries on, not exits
+    finally:
+        codes = [stop(zombie)] + ([stop(other)] if other is not None else [])
+    assert codes == [0, 0], tail(zombie_log) + tail(other_log)
+    assert _attempt_2(await read_topic(broker, topics.clean))["r2"] == 1
+
+
+async def test_a_zombie_stalled_in_a_move_ahead_of_a_held_record_commits_nothing_of_it(
+    broker, redis_servers, names, tmp_path: Path
+):
+    """The delay loop: d0, d1 then d2 in one tier partition, d2 due before d1. Once d0
+    moved (its step committed the partition up to d1), the gateway moves d2 to the
+    clean topic ahead of d1, still held (the partition's commit point does not move),
+    and is SIGSTOPped after that move was acknowledged (`delay-acked:stop:2`). The
+    other gateway takes the tier partition and moves d2; the zombie, resumed, still
+    sends the partition's offset (unmoved): refused, its transaction aborts, and no
+    committed reader sees its move. Before, that step carried no offsets and committed."""
+    topics = Topics(names)
+    settings = make_settings(
+        broker, topics, redis_urls(redis_servers(3)),
+        kafka={"exactly_once": "on", "session_timeout": "2s", "transaction_timeout": "60s"},
+        delay={"enabled": True, "tiers": ["8s"]},
+    )  # fmt: skip
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    await create_topics(broker, dict.fromkeys(tier_topics(settings), 1))
+    config = write_toml(tmp_path / "gateway.toml", settings)
+    zombie_log, other_log = tmp_path / "zombie.log", tmp_path / "other.log"
+    zombie = start(config, zombie_log, fault="delay-acked:stop:2")  # at d2's move
+    other: subprocess.Popen[bytes] | None = None
+    try:
+        await until(
+            "the gateway reads the tier",
+            lambda: "delay tier partitions assigned" in tail(zombie_log, 10**7),
+            zombie_log,
+        )
+        # One batch, so one raw transaction: d0, d1, d2 side by side in the 8s tier. d0's
+        # move (the first step) commits the tier partition up to d1; d1 steps 8s after
+        # it came (to the tier again), d2 at its time, before.
+        await produce_batch(broker, topics.raw, [
+            [("message-id", b"d0"), ("deliver-after", b"2s")],
+            [("message-id", b"d1"), ("deliver-after", b"40s")],
+            [("message-id", b"d2"), ("deliver-after", b"5s")],
+        ])  # fmt: skip
+        await until("the zombie stalls in d2's move", lambda: _stopped(zombie.pid), zombie_log)
+        other = start(config, other_log)
+
+        async def moves_of_d2() -> list[int]:  # the zombie's (its transaction open), the other's
+            written = await read_topic(broker, topics.clean, committed=False)
+            return [r.offset for r in written if dict(r.headers)["dedup-id"] == b"d2"]
+
+        async def moved_twice() -> bool:
+            return len(await moves_of_d2()) >= 2
+
+        await until("the other gateway moves d2", moved_twice, other_log, timeout_s=60)
+        zombies_move = min(await moves_of_d2())  # first in the log: the other's came after
+        zombie.send_signal(signal.SIGCONT)
+        # Once the zombie's transaction ended (it held the committed read until then).
+        read = await read_topic(broker, topics.clean, timeout_s=60)
+        assert zombies_move not in [r.offset for r in read], tail(zombie_log)
+        await until(
+            "the zombie's transaction aborted",
+            lambda: "delay transaction aborted" in tail(zombie_log, 10**7),
+            zombie_log,
+        )
+        assert zombie.poll() is None, tail(zombie_log)  # it carries on, not exits
+    finally:
+        codes = [stop(zombie)] + ([stop(other)] if other is not None else [])
+    assert codes == [0, 0], tail(zombie_log) + tail(other_log)
+    committed = [r for r in await read_topic(broker, topics.clean) if r.offset == zombies_move]
+    assert committed == []  # the zombie's move of d2 is never read
+    # A later owner that reads d2 again (d1 still held it back) moves it again under the
+    # same token: the documented repeat of a move ahead (docs/guarantees.md), not this.
+    tokens = {dict(r.headers)["dedup-token"] for r in await read_topic(broker, topics.clean)
+              if dict(r.headers)["dedup-id"] == b"d2"}  # fmt: skip
+    assert len(tokens) == 1

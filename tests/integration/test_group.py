@@ -66,7 +66,7 @@ async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_st
     left to be read again, not forwarded: forwarded, it repeats on the reread."""
 
     def hold_a_fetched_batch(source: RawSource, revoked: asyncio.Event) -> asyncio.Event:
-        holding, fetch = asyncio.Event(), source._fetch
+        holding, fetch = asyncio.Event(), source.loop.fetch
 
         async def fetch_then_hold(*args: Any, **kwargs: Any) -> Any:
             batch = await fetch(*args, **kwargs)
@@ -75,7 +75,7 @@ async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_st
                 await revoked.wait()
             return batch
 
-        source._fetch = fetch_then_hold  # type: ignore[method-assign]
+        source.loop.fetch = fetch_then_hold  # type: ignore[method-assign]
         return holding
 
     reread = await _rebalance_while_held(broker, redis_servers, names, hold_a_fetched_batch)

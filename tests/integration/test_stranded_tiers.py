@@ -3,18 +3,27 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from devtools.harness import Topics, make_settings
-from devtools.topics import create_topics
+from devtools.harness import (
+    Topics,
+    make_settings,
+    produce,
+    redis_urls,
+    running,
+    until,
+)
+from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.delay.leftovers import refuse_stranded_tiers
 from gateway.errors import ConfigError
 from gateway.ops.check_kafka import _leftover_findings
 from gateway.ops.findings import Severity
+from gateway.rules.tiers import tier_topics
 
 
 async def test_a_renamed_clean_topic_with_delay_off_is_refused_while_its_tier_holds_records(
@@ -56,3 +65,35 @@ async def test_a_renamed_clean_topic_with_delay_off_is_refused_while_its_tier_ho
         await admin.close()
     assert [(f.severity, f.where) for f in found] == [(Severity.WARN, f"topic {old_tier}")]
     assert "[delay] is off" in found[0].message
+
+
+async def test_a_tier_drained_under_exactly_once_holds_nothing_and_delay_may_go_off(
+    broker: str, names: Callable[[str], str], redis_servers
+) -> None:
+    """With `exactly_once` every tier write ends in a transaction's commit marker, an
+    offset of its own after the last record: a drained tier's end offset is one past
+    the delay group's commit. Only data records count as waiting: the backlog metric
+    comes back to 0 and start-up with `[delay]` off is accepted."""
+    topics = Topics(names)
+    nodes = redis_urls(redis_servers(3))
+    settings = make_settings(
+        broker, topics, nodes,
+        kafka={"exactly_once": "on"}, delay={"enabled": True, "tiers": ["1s"]},
+    )  # fmt: skip
+    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    (tier,) = tier_topics(settings)
+    await create_topics(broker, {tier: 1})
+    async with running(settings) as gateway:
+        await until(gateway, lambda: bool(gateway.partitions()), timeout_s=60)
+        await produce(broker, topics.raw, [
+            (None, b"v", [("message-id", b"d-1"), ("deliver-after", b"2s")])
+        ])  # fmt: skip
+        await read_topic(broker, topics.clean, min_records=1, timeout_s=60)
+        await wait_committed(broker, f"{topics.group}.delay", tier, {0: 1})
+        backlog = gateway.metrics.delay_backlog.labels("1s")
+        await until(gateway, lambda: backlog._value.get() == 0, timeout_s=10)
+        await asyncio.sleep(2.5)  # two reports later: still 0
+        assert backlog._value.get() == 0
+    off = make_settings(broker, topics, nodes, kafka={"exactly_once": "on"},
+                        delay={"enabled": False, "tiers": ["1s"]})  # fmt: skip
+    await refuse_stranded_tiers(off)  # the tier is drained: not refused
