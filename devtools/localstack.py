@@ -513,6 +513,11 @@ BROKER_SETTINGS = {
     "message.max.bytes": str(8 * 1024 * 1024),
     "log.message.timestamp.after.max.ms": str(2**63 - 1),
 }
+# What `python -m devtools.localstack` runs its broker with over BROKER_SETTINGS: like
+# a careful production broker, it creates no topic a client merely names (Kafka's
+# default auto.create.topics.enable=true would create a mistyped one with 1
+# partition); `dedup-gateway topics --create` creates them (docs/quickstart.md).
+CAREFUL_BROKER = {"auto.create.topics.enable": "false"}
 READY_LINE = b"Kafka Server started"
 CLUSTER_ID = "ZGVkdXAtZ2F0ZXdheS1sb2NhbA"  # any 22-character base64 UUID; one per stack
 
@@ -621,6 +626,7 @@ class LocalStack:
     redis: list[ManagedProcess] = field(default_factory=list)
     cluster: RedisClusterProcesses | None = None
     redis_module: Path | None = None  # loaded by every standalone member (the native claim)
+    broker_settings: dict[str, str] = field(default_factory=dict)  # over BROKER_SETTINGS
 
     @property
     def bootstrap(self) -> str:
@@ -640,7 +646,9 @@ class LocalStack:
     def start(self) -> LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.broker = kafka_broker(self.state_dir, port=self.kafka_port)
+            self.broker = kafka_broker(
+                self.state_dir, port=self.kafka_port, settings=self.broker_settings
+            )
             self.broker.start()
             for i in range(self.redis_count):
                 port = self.redis_ports[i] if i < len(self.redis_ports) else None
@@ -702,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     state = (args.state_dir or default_state_dir() / "localstack").resolve()
-    stack = LocalStack(state)
+    stack = LocalStack(state, broker_settings=CAREFUL_BROKER)
     if not args.free_ports:
         wanted = [QUICKSTART_KAFKA_PORT, *QUICKSTART_REDIS_PORTS]
         if taken := [port for port in wanted if _taken(port)]:

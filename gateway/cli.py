@@ -19,7 +19,14 @@ from typing import Any
 
 import uvloop
 
-from gateway.config import CONFIG_ENV, ConfigError, Settings, effective, load_settings
+from gateway.config import (
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    config_path,
+    effective,
+    load_settings,
+)
 from gateway.errors import BrokerUnreachable
 from gateway.logs import configure
 from gateway.metrics import package_version
@@ -112,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = asyncio.Event()
-        await _until_signalled(Gateway(settings).run(stop), stop)
+        gateway = Gateway(settings, config=config_path(args.config))
+        await _until_signalled(gateway.run(stop), stop)
 
     uvloop.run(main())
     return 0

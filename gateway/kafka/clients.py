@@ -15,7 +15,10 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+import aiokafka.admin.client
+import aiokafka.client
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.protocol.metadata import MetadataRequest
 
 from gateway import client_properties
 from gateway.config import KafkaSettings
@@ -29,8 +32,34 @@ logger = logging.getLogger(__name__)
 ISOLATION = "read_committed"
 
 
+class NoAutoCreateMetadataRequest(MetadataRequest):  # type: ignore[misc]
+    """A metadata request that never asks the broker to create the topics it names.
+
+    aiokafka (0.14) has no option for it: its every MetadataRequest v4+ asks for
+    auto-creation, and a broker with the default `auto.create.topics.enable=true`
+    then creates a mistyped raw or clean topic with 1 partition (issue 58). A topic
+    that does not exist stays missing, and start-up says so (gateway/service/topic_watch.py).
+    """
+
+    def __init__(
+        self, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = False
+    ) -> None:
+        super().__init__(topics, allow_auto_topic_creation)
+
+
+def install_no_auto_create() -> None:
+    """Every aiokafka client of this process, the admin's too, stops asking for
+    auto-creation: the modules build their requests from these names."""
+    aiokafka.client.MetadataRequest = NoAutoCreateMetadataRequest
+    aiokafka.admin.client.MetadataRequest = NoAutoCreateMetadataRequest
+
+
+install_no_auto_create()
+
+
 def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     """Connection and security options shared by every aiokafka client we build."""
+    install_no_auto_create()  # idempotent; here too, so no client is built without it
     options: dict[str, Any] = {
         "bootstrap_servers": kafka.bootstrap_servers,
         "security_protocol": kafka.security_protocol,

@@ -1,6 +1,6 @@
 """`dedup-gateway topics`: the topics a config needs, and creating the missing ones.
 
-The gateway creates no topic itself (start-up stops naming a missing one), so a
+The gateway creates no topic itself (start-up waits, unready, naming a missing one), so a
 new deployment starts from this table: every topic the settings name, who
 writes and who reads it, and the partitions, retention and cleanup policy to
 create it with. `--create` creates the missing ones through the admin API

@@ -17,6 +17,7 @@ import functools
 import logging
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -53,6 +54,7 @@ from gateway.raw.quarantine import QuarantineWatch
 from gateway.raw.source import RawSource
 from gateway.rules.tiers import tier_topics
 from gateway.service.health import HealthServer
+from gateway.service.topic_watch import TopicWatch
 from gateway.waits import wait_or_stop
 
 logger = logging.getLogger(__name__)
@@ -74,13 +76,16 @@ class Gateway:
     """The dedup gateway service. `await Gateway(settings).run(stop_event)`.
 
     `quorum` and `metrics` may be injected (the benchmark's naive variant, tests
-    that read counters); by default they are built from `settings`.
+    that read counters); by default they are built from `settings`. `config`: the
+    file the settings came from, named in the command a missing topic's line gives.
     """
 
     def __init__(
-        self, settings: Settings, *, quorum: Quorum | None = None, metrics: Metrics | None = None
-    ) -> None:
+        self, settings: Settings, *, quorum: Quorum | None = None, metrics: Metrics | None = None,
+        config: Path | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
+        self.topics = TopicWatch(settings, config)  # a configured topic that does not exist
         self.metrics = metrics or Metrics()
         self.metrics.preinit(settings)
         self.quorum = quorum or Quorum(settings.redis, self.metrics)
@@ -97,7 +102,8 @@ class Gateway:
         self.quarantine = QuarantineWatch(settings, self.metrics)  # a wrong [dedup] id told
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready unless it cannot work: no Redis majority, or partitions blocked.
+        """Ready unless it cannot work: no Redis majority, a configured topic missing,
+        or partitions blocked.
 
         A member without partitions (the group has more members than
         partitions) is ready: it takes over as soon as one moves to it. Ready but
@@ -106,6 +112,8 @@ class Gateway:
         """
         if not self.quorum.healthy:
             return False, self.quorum.why_unhealthy()
+        if self.topics.problem is not None:  # a missing topic: never created, waited for
+            return False, self.topics.problem
         if len(self.blocked):
             return False, f"{len(self.blocked)} partition(s) blocked on undecided votes"
         if self.source is None:
@@ -143,18 +151,23 @@ class Gateway:
                 if lanes.active:
                     tasks.create_task(lanes.run(source.consumer, stop))
                 tasks.create_task(self.quorum.watch(stop))
+                tasks.create_task(self.topics.watch(source.consumer._client, stop))
         logger.info("stopped after %d batches", self.batches)
 
     async def _connect_until_up(
         self, stack: contextlib.AsyncExitStack, stop: asyncio.Event
     ) -> Connected | None:
-        """Wait for the broker, then start every client and loop part; None at `stop`.
+        """Wait for the broker and for every configured topic to exist (unready, the
+        missing one named on /readyz), then start every client and loop part; None at `stop`.
         A broker that stops answering in the middle (a restart, a hang) is waited for
         again, what had started stopped first: start-up never exits on it."""
         kafka = self.settings.kafka
         while await wait_for_broker(kafka, stop):
             attempt = contextlib.AsyncExitStack()
             try:
+                # Every topic exists before a client names one (none is ever created).
+                if not await self.topics.wait(kafka, stop):
+                    return None
                 running = await self._connect(attempt)
             except (KafkaError, OSError) as exc:
                 await attempt.aclose()

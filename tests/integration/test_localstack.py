@@ -14,6 +14,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from devtools.topics import create_topics
 from tests.deployment.conftest import REPO
 
 READY_WITHIN_S = 120.0
@@ -45,7 +46,11 @@ async def test_the_local_stack_serves_kafka_and_three_members_until_sigterm(tmp_
         urls = re.findall(r'"(redis://[^"]+)"', text)
         assert len(urls) == 3, text
 
+        # Like a careful production broker, it creates no topic a client only names.
+        properties = (tmp_path / "broker" / "server.properties").read_text().splitlines()
+        assert "auto.create.topics.enable=false" in properties
         topic = TopicPartition("localstack-check", 0)
+        await create_topics(bootstrap[1], {topic.topic: 1})
         async with AIOKafkaProducer(bootstrap_servers=bootstrap[1]) as producer:
             await producer.send_and_wait(topic.topic, b"v", partition=0)
         async with AIOKafkaConsumer(bootstrap_servers=bootstrap[1]) as consumer:
