@@ -27,9 +27,10 @@ localstack: $(STAMP)  ## Apache Kafka on :9092 and redis-servers on :6379-6381 u
 # failed); 4 workers: 16.5 min there.
 PARALLEL ?= -n 4 --dist loadgroup
 # The runs that take minutes each (the seeded chaos schedules, the Spark standalone
-# cluster, the benchmark scripts at test size) have a target of their own; CI runs
-# `make test` and then `make test-long`. `pytest` alone runs both.
-LONG := chaos_schedule or spark_cluster or bench_run
+# cluster, the benchmark scripts at test size, the native claim's long sanitizer
+# fuzz) have a target of their own; CI runs `make test` and then `make test-long`.
+# `pytest` alone runs both.
+LONG := chaos_schedule or spark_cluster or bench_run or native_fuzz
 test: $(STAMP) lint typecheck  ## lint, strict types, then the suite but its long runs
 	$(PY) -m pytest $(PARALLEL) -m "not ($(LONG))" $(ARGS)
 

@@ -28,10 +28,17 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 MODULE_NAME = "dedup"
-VERSION = 1  # DD_CLAIM_VERSION in dd_claim.c
+VERSION = 2  # DD_CLAIM_VERSION in dd_claim.c
 COMMAND = "DD.CLAIM"
 SOURCES = ("dd_claim.c", "redismodule.h")
 CFLAGS = ("-O2", "-std=gnu99", "-Wall", "-shared", "-fPIC")
+# The build the sanitizer fuzz loads (tests/integration/test_native_fuzz.py): ASan and
+# UBSan, a UBSan report aborting the server; its redis-server needs the compiler's
+# libasan first (LD_PRELOAD: `sanitizer_runtime`).
+SANITIZE_CFLAGS = (
+    "-O1", "-g", "-std=gnu99", "-Wall", "-shared", "-fPIC", "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+)  # fmt: skip
 
 
 class NativeBuildError(RuntimeError):
@@ -49,21 +56,41 @@ def _sources() -> dict[str, bytes]:
     return {name: (here / name).read_bytes() for name in SOURCES}
 
 
-def built_path() -> Path:
+def built_path(sanitize: bool = False) -> Path:
     """Where this source's module is (or would be) built."""
     digest = hashlib.sha256()
     for name, text in sorted(_sources().items()):
         digest.update(name.encode() + b"\0" + text + b"\0")
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(SANITIZE_CFLAGS if sanitize else CFLAGS).encode())
     return cache_dir() / digest.hexdigest()[:16] / "dd_claim.so"
 
 
-def build() -> Path:
-    """The module's path, compiled first if this source was not yet (once per source)."""
-    out = built_path()
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def sanitizer_runtime() -> Path | None:
+    """The compiler's libasan, which a redis-server that loads the `sanitize` build
+    needs preloaded; None when the compiler has none."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    done = subprocess.run(
+        [compiler, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False
+    )
+    found = Path(done.stdout.strip())
+    return (
+        found.resolve() if done.returncode == 0 and found.is_absolute() and found.exists() else None
+    )
+
+
+def build(sanitize: bool = False) -> Path:
+    """The module's path, compiled first if this source was not yet (once per source).
+    `sanitize`: the ASan and UBSan build (SANITIZE_CFLAGS), for the tests only."""
+    out = built_path(sanitize)
     if out.exists():
         return out
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if compiler is None:
         raise NativeBuildError(
             "the native claim (a Redis module) needs a C compiler: install gcc "
@@ -76,7 +103,8 @@ def build() -> Path:
             (Path(work) / name).write_bytes(text)
         so = Path(work) / "dd_claim.so"
         done = subprocess.run(
-            [compiler, *CFLAGS, "-o", str(so), str(Path(work) / "dd_claim.c")],
+            [compiler, *(SANITIZE_CFLAGS if sanitize else CFLAGS), "-o", str(so),
+             str(Path(work) / "dd_claim.c")],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if done.returncode != 0:
