@@ -142,7 +142,8 @@ def _run_spark(stack: LocalStack, state: Path) -> dict[str, Any]:
     Kafka source it read with, and its rows/s (the session's start left out)."""
     from spark_sink.config import load_sink_settings
     from spark_sink.connector import choose_source
-    from spark_sink.job import build_session, run_until_idle
+    from spark_sink.job import run_until_idle
+    from spark_sink.session import build_session
 
     settings = load_sink_settings(
         kafka={"bootstrap_servers": stack.bootstrap, "clean_topic": "clean",

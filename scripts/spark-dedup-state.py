@@ -39,7 +39,8 @@ from bench.spark import SESSION_CONF, produce_one
 from devtools.localstack import ManagedProcess, kafka_broker, redis_server
 from devtools.topics import create_topics
 from spark_sink.config import SinkSettings, load_sink_settings
-from spark_sink.job import build_session, make_sink, start_query
+from spark_sink.job import make_sink, start_query
+from spark_sink.session import build_session
 from spark_sink.transforms import REASON
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -13,41 +13,32 @@ import functools
 import logging
 import os
 import signal
-import sys
 import threading
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
-from pyspark import SparkFiles
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-import gateway
-import spark_sink
 from gateway.config import ConfigError
 from gateway.kafka.clients import java_client_options, librdkafka_options
 from spark_sink.config import SinkSettings
 from spark_sink.connector import (
     choose_source,
-    connector_jars_conf,
     connector_progress_bug,
-    jvm_started,
     native_connector_missing,
-    spark_version,
 )
 from spark_sink.handlers import Handler, resolve_handler
 from spark_sink.metrics import JobListener, JobMetrics, SinkCountsCollector, serve_metrics
 from spark_sink.preflight import Decision, preflight
 from spark_sink.redis_dedup import drop_duplicate_deliveries_redis
+from spark_sink.session import build_session
 from spark_sink.sink import BatchSink
-from spark_sink.tables import count_table, sink_class, table_conf, table_jars_missing
+from spark_sink.tables import count_table, sink_class, table_jars_missing
 from spark_sink.transforms import (
     PROCESSED_AT,
     batch_time,
@@ -66,30 +57,9 @@ ISOLATION_LEVEL = "read_committed"
 # it cost every micro-batch about 0.5 s here, a one-record batch 1.11 s against 0.45 s
 # at 10 ms; docs/spark-performance.md). [kafka.client] "java.fetch.max.wait.ms" overrides.
 FETCH_MAX_WAIT_MS = "10"
-# A stateful query plans one state store per shuffle partition: Spark's 200 is
-# far too many for one small topic. After each batch with data Spark would run one
-# without, only to expire the delivery dedup's state (0.5-0.8 s measured here): the
-# next batch with data expires it as well. PySpark's DataFrame debugging records the
-# Python call site of every DataFrame and column function, several py4j round trips
-# each (0.1 s of a one-record batch here); without it an analysis error names the
-# failing expression but not the Python line. Set spark.conf to override any of them.
-DEFAULT_CONF = {
-    "spark.sql.shuffle.partitions": "4",
-    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-    "spark.python.sql.dataFrameDebugging.enabled": "false",
-}
-# Spark's default checkpoint file manager renames through Hadoop's FileContext, which on
-# a local file system without Hadoop's native library forks `readlink` for every rename
-# (32 of the 58 processes a one-record batch forked here). FileSystem.rename is atomic
-# on a local disk, so a local checkpoint_dir uses the FileSystem-based manager, whose
-# package Spark 4.1 moved (`local_checkpoint_conf`).
-CHECKPOINT_MANAGER = "FileSystemBasedCheckpointFileManager"
-CHECKPOINT_MANAGER_PACKAGE = "org.apache.spark.sql.execution.streaming.checkpointing"
-CHECKPOINT_MANAGER_PACKAGE_BEFORE_4_1 = "org.apache.spark.sql.execution.streaming"
-# The driver's log4j2 configuration for a JVM the job starts itself: Spark's and the
-# Kafka client's INFO lines off stderr, WARN and above kept (`session_conf`).
-LOG4J2_CONF = Path(__file__).with_name("log4j2.properties")
-DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# No client of the job asks the broker to create a topic it lacks (a mistyped name
+# would appear with 1 partition; kafka_source.py's consumer sets it too).
+NO_AUTO_CREATE = {"allow.auto.create.topics": "false"}
 
 
 @dataclass(frozen=True)
@@ -114,97 +84,6 @@ class RunReport:
     source: str = "kafka"
     # Whether repeated deliveries were dropped (`[spark] delivery_dedup`, resolved).
     delivery_dedup: bool = True
-
-
-def local_checkpoint_conf(version: str | None = None) -> dict[str, str]:
-    """The FileSystem-based checkpoint manager, named as Spark `version` has it."""
-    package = (
-        CHECKPOINT_MANAGER_PACKAGE
-        if spark_version(version) >= (4, 1)
-        else CHECKPOINT_MANAGER_PACKAGE_BEFORE_4_1
-    )
-    return {"spark.sql.streaming.checkpointFileManagerClass": f"{package}.{CHECKPOINT_MANAGER}"}
-
-
-def build_session(settings: SinkSettings) -> SparkSession:
-    """The SparkSession for the job (reused if one is already active).
-
-    On a cluster (any master but local) the driver's `spark_sink` and `gateway`
-    packages are shipped to the executors (`ship_code`), so they run the driver's
-    code whatever their Python environment holds."""
-    builder = SparkSession.builder.appName(settings.spark.app_name)
-    if settings.spark.master:
-        builder = builder.master(settings.spark.master)
-    choose_worker_python(settings)
-    for key, value in session_conf(settings, sys.stderr.isatty()).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    if not (session.sparkContext.master or "local").startswith("local"):
-        ship_code(session)
-    return session
-
-
-def session_conf(settings: SinkSettings, terminal: bool) -> dict[str, str]:
-    """The Spark configuration of a session the job builds: `DEFAULT_CONF`, then
-    `[spark.conf]`; for a JVM not started yet, the cached connector's jars and the
-    shipped log4j2 configuration (`LOG4J2_CONF`, unless `[spark.conf]`'s driver Java
-    options name one); no progress bars unless stderr is a `terminal`."""
-    conf = {**DEFAULT_CONF, **(local_checkpoint_conf() if local_checkpoint(settings) else {})}
-    if not terminal:
-        conf["spark.ui.showConsoleProgress"] = "false"
-    conf.update(settings.spark.conf)
-    if not jvm_started():
-        conf.update(connector_jars_conf(settings))
-    conf.update(table_conf(settings, conf))  # Delta's static settings, the format's jars
-    if not jvm_started():
-        options = conf.get(DRIVER_JAVA_OPTIONS, "")
-        if "log4j2.configurationFile" not in options:
-            ours = f"-Dlog4j2.configurationFile={LOG4J2_CONF}"
-            conf[DRIVER_JAVA_OPTIONS] = f"{ours} {options}".strip()
-    return conf
-
-
-def local_checkpoint(settings: SinkSettings) -> bool:
-    """Whether `spark.checkpoint_dir` is on the local file system (a path or file:)."""
-    scheme = urlsplit(str(settings.spark.checkpoint_dir)).scheme
-    return scheme in ("", "file")
-
-
-def choose_worker_python(settings: SinkSettings) -> None:
-    """The Python that Spark's Python workers run (executors, and on the driver the
-    Python source's planner): `spark.conf."spark.pyspark.python"` when set, else an
-    inherited PYSPARK_PYTHON (spark-submit sets it from that conf), else this
-    interpreter, which has this package and pyarrow (not the first `python3` on
-    PATH). PySpark reads only the environment variable, once, when the
-    SparkContext starts."""
-    configured = settings.spark.conf.get("spark.pyspark.python")
-    if configured:
-        os.environ["PYSPARK_PYTHON"] = configured
-    else:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-
-def ship_code(spark: SparkSession) -> str:
-    """Zip this process's `spark_sink` and `gateway` packages and put the zip on every
-    executor's PYTHONPATH (SparkContext.addPyFile); returns its path.
-
-    Executors unpickle the Python source's reader and the sink's functions by
-    module name: without this they fail with "No module named 'spark_sink'"
-    unless their environment has the package (and then maybe another version).
-    The zip lives in the driver's SparkFiles folder, which Spark deletes at stop."""
-    folder = os.path.join(SparkFiles.getRootDirectory(), "spark-sink-code")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "spark_sink_code.zip")
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for package in (spark_sink, gateway):
-            root = os.path.dirname(os.path.abspath(package.__file__ or ""))
-            for here, dirs, files in os.walk(root):
-                dirs[:] = [d for d in dirs if d != "__pycache__"]
-                for name in files:
-                    full = os.path.join(here, name)
-                    archive.write(full, os.path.relpath(full, os.path.dirname(root)))
-    spark.sparkContext.addPyFile(path)
-    return path
 
 
 def check_planner_python(
@@ -267,6 +146,7 @@ def read_clean_topic(
         options = {
             "isolation.level": ISOLATION_LEVEL,
             "fetch.max.wait.ms": FETCH_MAX_WAIT_MS,
+            **NO_AUTO_CREATE,
             **java_client_options(kafka),
         }
     else:
@@ -291,6 +171,7 @@ def make_sink(settings: SinkSettings, handler: Handler | None = None) -> BatchSi
         handler = resolve_handler(settings.spark.handler, settings.spark.handler_options or None)
     producer_config: dict[str, Any] = {
         **librdkafka_options(settings.kafka),
+        **NO_AUTO_CREATE,
         "acks": "all",
         "enable.idempotence": settings.kafka.producer_idempotence,
         "linger.ms": 5,

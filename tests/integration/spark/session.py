@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from devtools.jars import spark_kafka_jars, table_formats, table_jars
 from gateway.contract.tokens import owner_token
 from spark_sink.connector import python_source_missing
-from spark_sink.job import DEFAULT_CONF
+from spark_sink.session import DEFAULT_CONF
 from spark_sink.tables import DELTA_CONF
 
 # Why this pyspark cannot run spark_sink.kafka_source (None: it can, 4.2+).
@@ -64,7 +64,7 @@ def add_spark_warning_filters(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """local[2], the job's own defaults (spark_sink.job.DEFAULT_CONF) but two shuffle
+    """local[2], the job's own defaults (spark_sink.session.DEFAULT_CONF) but two shuffle
     partitions (= two state stores per stateful batch), no UI; Spark's Kafka connector
     and the table formats' jars for this pyspark (devtools/jars.py, fetched once) on the
     classpath, as the job puts them there when it starts Spark itself."""

@@ -13,7 +13,8 @@ import pytest
 
 from gateway.config import ConfigError
 from spark_sink.config import DEFAULT_HANDLER, load_sink_settings
-from spark_sink.job import check_planner_python, choose_worker_python, local_checkpoint, ship_code
+from spark_sink.job import check_planner_python
+from spark_sink.session import choose_worker_python, local_checkpoint, ship_code
 
 
 def test_the_default_handler_passes_every_record():

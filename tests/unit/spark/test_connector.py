@@ -12,7 +12,7 @@ from pyspark.errors import StreamingQueryException
 
 from devtools import jars
 from gateway.config import ConfigError
-from spark_sink import connector, job
+from spark_sink import connector, job, session
 from spark_sink.config import load_sink_settings
 from tests.integration.spark.session import python_source_test
 
@@ -124,12 +124,12 @@ def test_native_without_a_connector_stops_before_the_session_naming_the_setting(
      ("4.2.0", "org.apache.spark.sql.execution.streaming.checkpointing")],
 )  # fmt: skip
 def test_the_local_checkpoint_manager_is_named_as_each_spark_has_it(version, package):
-    (name,) = job.local_checkpoint_conf(version).values()
+    (name,) = session.local_checkpoint_conf(version).values()
     assert name == f"{package}.FileSystemBasedCheckpointFileManager"
 
 
 def test_the_local_checkpoint_manager_of_this_spark_exists(spark):
-    (name,) = job.local_checkpoint_conf().values()
+    (name,) = session.local_checkpoint_conf().values()
     assert spark._jvm.java.lang.Class.forName(name).getSimpleName() == name.rsplit(".", 1)[1]
 
 

@@ -1,6 +1,6 @@
 """What the job checks before its Spark session starts: `[spark] delivery_dedup`
 resolved, the broker reached within a second, the `spark` extra and Java present, and
-the session's logging (spark_sink/preflight.py, spark_sink/__main__.py, job.session_conf)."""
+the session's logging (spark_sink/preflight.py, spark_sink/__main__.py, session.session_conf)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spark_sink import job
+from spark_sink import job, session
 from spark_sink.__main__ import main
 from spark_sink.config import load_sink_settings
 from spark_sink.preflight import decide
@@ -98,24 +98,52 @@ def test_without_java_the_job_says_so(tmp_path: Path, capsys, monkeypatch):
 def test_the_session_gets_the_shipped_log4j2_file_and_no_progress_bars_off_a_terminal(
     terminal: bool, monkeypatch
 ):
-    monkeypatch.setattr(job, "jvm_started", lambda: False)
-    conf = job.session_conf(load_sink_settings(), terminal)
+    monkeypatch.setattr(session, "jvm_started", lambda: False)
+    conf = session.session_conf(load_sink_settings(), terminal)
     assert ("spark.ui.showConsoleProgress" in conf) is not terminal
     if not terminal:
         assert conf["spark.ui.showConsoleProgress"] == "false"
-    assert conf[job.DRIVER_JAVA_OPTIONS] == f"-Dlog4j2.configurationFile={job.LOG4J2_CONF}"
-    text = job.LOG4J2_CONF.read_text()
+    assert conf[session.DRIVER_JAVA_OPTIONS] == f"-Dlog4j2.configurationFile={session.LOG4J2_CONF}"
+    text = session.LOG4J2_CONF.read_text()
     assert "rootLogger.level = warn" in text and "appender.console.target = SYSTEM_ERR" in text
 
 
 def test_the_users_own_java_options_and_log4j2_file_are_kept(monkeypatch):
-    monkeypatch.setattr(job, "jvm_started", lambda: False)
+    monkeypatch.setattr(session, "jvm_started", lambda: False)
     mine = "-Dlog4j2.configurationFile=/etc/spark/log4j2.properties -Xss4m"
-    conf = job.session_conf(
-        load_sink_settings(spark={"conf": {job.DRIVER_JAVA_OPTIONS: mine}}), terminal=False
+    conf = session.session_conf(
+        load_sink_settings(spark={"conf": {session.DRIVER_JAVA_OPTIONS: mine}}), terminal=False
     )
-    assert conf[job.DRIVER_JAVA_OPTIONS] == mine
-    other = job.session_conf(
-        load_sink_settings(spark={"conf": {job.DRIVER_JAVA_OPTIONS: "-Xss4m"}}), terminal=False
+    assert conf[session.DRIVER_JAVA_OPTIONS] == mine
+    other = session.session_conf(
+        load_sink_settings(spark={"conf": {session.DRIVER_JAVA_OPTIONS: "-Xss4m"}}), terminal=False
     )
-    assert other[job.DRIVER_JAVA_OPTIONS] == f"-Dlog4j2.configurationFile={job.LOG4J2_CONF} -Xss4m"
+    assert (
+        other[session.DRIVER_JAVA_OPTIONS]
+        == f"-Dlog4j2.configurationFile={session.LOG4J2_CONF} -Xss4m"
+    )
+
+
+@pytest.mark.parametrize(
+    ("master", "conf", "bound"),
+    [
+        (None, {}, "127.0.0.1"),  # Spark's default master is local[*]
+        ("local[2]", {}, "127.0.0.1"),
+        ("local[2]", {"spark.driver.bindAddress": "0.0.0.0"}, "0.0.0.0"),  # the user's
+        ("spark://10.0.0.5:7077", {}, None),  # a cluster's executors reach the driver
+    ],
+)
+def test_the_driver_binds_to_loopback_in_local_mode_unless_told_otherwise(
+    master, conf, bound, monkeypatch
+):
+    monkeypatch.setattr(session, "jvm_started", lambda: False)
+    settings = load_sink_settings(spark={"master": master, "conf": conf})
+    got = session.session_conf(settings, terminal=False)
+    assert got.get("spark.driver.bindAddress") == bound
+    if not conf:
+        assert got.get("spark.driver.host") == bound
+
+
+def test_a_session_spark_submit_started_keeps_its_own_addresses(monkeypatch):
+    monkeypatch.setattr(session, "jvm_started", lambda: True)
+    assert "spark.driver.bindAddress" not in session.session_conf(load_sink_settings(), False)

@@ -10,7 +10,7 @@ import pyspark
 import pytest
 
 from gateway.config import ConfigError
-from spark_sink import job, tables
+from spark_sink import job, session, tables
 from spark_sink.config import load_sink_settings
 from spark_sink.connector import spark_version
 from spark_sink.sink import BatchSink
@@ -71,7 +71,7 @@ def test_the_chosen_formats_jars_and_deltas_settings_join_the_jobs_conf(jar_cach
     settings = load_sink_settings(
         spark={"output_format": "delta", "conf": {"spark.sql.extensions": "my.Extension"}}
     )
-    conf = job.session_conf(settings, terminal=False)
+    conf = session.session_conf(settings, terminal=False)
     assert jar in conf["spark.jars"].split(",")
     assert conf["spark.sql.extensions"] == "my.Extension,io.delta.sql.DeltaSparkSessionExtension"
     assert (
@@ -80,7 +80,7 @@ def test_the_chosen_formats_jars_and_deltas_settings_join_the_jobs_conf(jar_cach
     )
     assert tables.sink_class(settings) is tables.DeltaSink
     # Parquet: neither the jars nor Delta's settings.
-    parquet = job.session_conf(load_sink_settings(), terminal=False)
+    parquet = session.session_conf(load_sink_settings(), terminal=False)
     assert jar not in parquet.get("spark.jars", "")
     assert "spark.sql.extensions" not in parquet
 
