@@ -230,7 +230,10 @@ async def one_round(
     # counts for a member's first slice only.
     buckets = args.buckets or (max(1, run_ids // args.fill) if args.fill else 0)
     raw, clean = f"hu-raw-{round_no}-{claim}", f"hu-clean-{round_no}-{claim}"
-    await create_topics(stack.bootstrap, {raw: 4, clean: 4, f"{clean}-quarantine": 1})
+    await create_topics(
+        stack.bootstrap,
+        {raw: 4, clean: 4, f"{clean}-quarantine": 1, "bench-failures": 1, "bench-dead-letter": 1},
+    )  # the gateway creates no topic: it waits, unready, for a missing one
     port = free_port()
     config = bench_config(stack, GATEWAY_3, raw, clean, port, buckets)
     config["redis"]["claim"] = claim
