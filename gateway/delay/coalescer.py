@@ -111,7 +111,7 @@ class Coalescer:
         # A window stamp this far ahead of the gateway's clock may still close (end +
         # grace) within max_delay; config.py keeps it at 0 or more.
         self.ahead_ms = (settings.delay.max_delay - c.longest - c.grace) // _MS
-        self.quorum = counting  # who counts, and the majority
+        self.counting = counting  # who counts, and the majority
         self.windows = windows  # the calls on the windows' state
         self.metrics = metrics
 
@@ -156,7 +156,7 @@ class Coalescer:
                 "by it instead, e.g. %s", len(ahead), self.ahead_ms / 1000, ahead[0],
             )  # fmt: skip
         answers = await self._update_on_a_majority(digests, stamps, versions)
-        counted = self.quorum.counted()
+        counted = self.counting.counted()
         out: list[tuple[OutRow, int]] = []
         opened = 0
         late = []
@@ -182,7 +182,7 @@ class Coalescer:
     ) -> list[list[tuple[int, bool, int]] | None]:
         """The update, tried again (on the members that did not answer) until a
         majority of counted members took it, at most UPDATE_TRIES times."""
-        answers: list[list[tuple[int, bool, int]] | None] = [None] * self.quorum.size
+        answers: list[list[tuple[int, bool, int]] | None] = [None] * self.counting.size
         c = self.shape
         for attempt in range(UPDATE_TRIES):
             replies = await self.windows.coalesce_update(
@@ -191,13 +191,13 @@ class Coalescer:
             )  # fmt: skip
             answers = [a if a is not None else r for a, r in zip(answers, replies, strict=True)]
             taken = sum(
-                a is not None and ok for a, ok in zip(answers, self.quorum.counted(), strict=True)
+                a is not None and ok for a, ok in zip(answers, self.counting.counted(), strict=True)
             )
-            if taken >= self.quorum.majority:
+            if taken >= self.counting.majority:
                 break
             logger.warning(
                 "coalesce update taken by %d of %d members (attempt %d)",
-                taken, self.quorum.size, attempt + 1,
+                taken, self.counting.size, attempt + 1,
             )  # fmt: skip
             await asyncio.sleep(UPDATE_RETRY_S)
         return answers
@@ -222,13 +222,13 @@ class Coalescer:
             starts.append(window[0])
             mine.append(version(max(rec.timestamp or 0, 0), topic, partition, offset))
         answers = await self.windows.coalesce_close(digests, starts)
-        counted = self.quorum.counted()
+        counted = self.counting.counted()
         now = now_ms()
         for i, (n, start, v) in enumerate(zip(asked, starts, mine, strict=True)):
             said = [a[i] if a is not None and c else None
                     for a, c in zip(answers, counted, strict=True)]  # fmt: skip
             closings[n] = at_close(
-                v, start, said, self.quorum.majority, self.shape, now, self.grace_ms
+                v, start, said, self.counting.majority, self.shape, now, self.grace_ms
             )
         return [c for c in closings if c is not None]
 

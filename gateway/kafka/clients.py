@@ -54,12 +54,11 @@ def install_no_auto_create() -> None:
     aiokafka.admin.client.MetadataRequest = NoAutoCreateMetadataRequest
 
 
-install_no_auto_create()
+install_no_auto_create()  # on import: no client of this process is built before it
 
 
 def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     """Connection and security options shared by every aiokafka client we build."""
-    install_no_auto_create()  # idempotent; here too, so no client is built without it
     options: dict[str, Any] = {
         "bootstrap_servers": kafka.bootstrap_servers,
         "security_protocol": kafka.security_protocol,

@@ -136,7 +136,7 @@ class RawSource:
         taken began the next batch's transaction beside it: chaos seed 15001, "Invalid
         state transition IN_TRANSACTION")."""
         if fetched.salvaged:
-            return await self._take_salvaged(time.perf_counter(), fetched)
+            return await self._take_salvaged(fetched)
         if not fetched.records:
             if self.claiming is not None:
                 await self.hand_over(None)
@@ -189,10 +189,11 @@ class RawSource:
         except StepAborted:  # the batch before `done`: `done` is read again too
             await self._read_again()
 
-    async def _take_salvaged(self, started: float, fetched: Fetched) -> set[TopicPartition]:
+    async def _take_salvaged(self, fetched: Fetched) -> set[TopicPartition]:
         """Records read leniently (gateway/kafka/salvage.py), as one batch: those with
         header names that are not UTF-8 quarantined, the others decided as usual.
         Returns the partitions that stop: blocked, or all after an aborted transaction."""
+        started = time.perf_counter()
         bad = fetched.bad
         batch = {
             tp: good

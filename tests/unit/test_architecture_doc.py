@@ -81,7 +81,7 @@ def gateway_imports(path: Path) -> set[str]:
             parts = name.split(".")
             if parts[0] != "gateway" or len(parts) == 1:
                 continue
-            if (ROOT / "gateway" / parts[1]).is_dir() and parts[1] == "contract":
+            if parts[1] == "contract":  # a package the doc names by its folder
                 out.add("contract/")
             else:
                 out.add("/".join(parts[1:]) + ".py")

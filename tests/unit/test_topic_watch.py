@@ -10,7 +10,7 @@ from aiokafka.protocol.metadata import MetadataRequest_v1, MetadataRequest_v5
 
 from devtools.harness import Topics, make_settings
 from gateway.config import load_sink_settings
-from gateway.kafka.clients import NoAutoCreateMetadataRequest, aiokafka_options
+from gateway.kafka.clients import NoAutoCreateMetadataRequest
 from gateway.service.topic_watch import TopicWatch, configured_topics, missing_line
 from spark_sink.job import make_sink
 
@@ -21,7 +21,7 @@ def _settings(**sections: object):
 
 
 def test_every_aiokafka_metadata_request_refuses_auto_creation():
-    aiokafka_options(_settings().kafka)  # what every client is built through installs it
+    # installed when gateway.kafka.clients is imported, before any client is built
     assert aiokafka.client.MetadataRequest is NoAutoCreateMetadataRequest
     assert aiokafka.admin.client.MetadataRequest is NoAutoCreateMetadataRequest
     request = aiokafka.client.MetadataRequest(["ordres"]).build(MetadataRequest_v5)
