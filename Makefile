@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo localstack test test-long lint typecheck format bench spark-pack chaos chaos-ci clean
+.PHONY: setup demo localstack test test-long lint typecheck format bench dist spark-pack chaos chaos-ci clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/setup-ops.sh scripts/setup-helm.sh \
 		scripts/jvm/kafka.pom.xml scripts/jvm/spark-kafka.pom.xml scripts/jvm/spark-table.pom.xml \
@@ -50,6 +50,13 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench $(ARGS)
+
+# The sdist and, built from it, the wheel; the version is pyproject.toml's (the one
+# source). The build backend is the venv's, pinned in constraints.txt (no download).
+dist: $(STAMP)  ## dist/dedup_gateway-VERSION.tar.gz and -py3-none-any.whl, twine-checked
+	rm -f dist/dedup_gateway-*
+	$(PY) -m build --no-isolation --outdir dist .
+	$(VENV)/bin/twine check --strict dist/dedup_gateway-*
 
 spark-pack: $(STAMP)  ## dist/spark-env.tar.gz for spark-submit --archives (docs/operations.md)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/pack-spark-env.sh $(ARGS)

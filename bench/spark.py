@@ -54,8 +54,9 @@ from bench.measure import ThroughputRun
 from bench.processes import process_cpu
 from devtools.localstack import ManagedProcess, redis_server
 from gateway.contract.records import H_ATTEMPT, H_ID, H_SOURCE, H_TOKEN
+from spark_sink.checkpoint import spark_checkpoint
 from spark_sink.config import SinkSettings, load_sink_settings
-from spark_sink.job import make_sink, read_clean_topic, spark_checkpoint, start_query
+from spark_sink.job import make_sink, read_clean_topic, start_query
 from spark_sink.session import build_session
 from spark_sink.sink import BatchSink
 from spark_sink.transforms import REASON

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import (
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -104,6 +105,14 @@ class TomlSettings(BaseSettings):
         if toml_file is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
+
+    @property
+    def source_file(self) -> Path | None:
+        """The TOML file these settings were read from (`load`), for hints that name it
+        (`dedup-gateway topics --create --config FILE`)."""
+        return self._source_file
+
+    _source_file: Path | None = PrivateAttr(default=None)
 
 
 class Settings(TomlSettings):
@@ -215,7 +224,9 @@ def load(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
         raise ConfigError(f"config file {path} does not exist")
     token = _TOML_FILE.set(path)
     try:
-        return cls(**overrides)
+        settings = cls(**overrides)
+        settings._source_file = path
+        return settings
     except ValidationError as exc:
         raise ConfigError(describe(exc, cls, overrides)) from None
     except SettingsError as exc:  # an environment variable that is not the JSON its field takes

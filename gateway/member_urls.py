@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import UrlConstraints
+from pydantic import BeforeValidator, UrlConstraints
 from pydantic_core import MultiHostUrl
 
 from gateway.masking import masked_text
@@ -12,11 +12,24 @@ from gateway.masking import masked_text
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 
+def _needs_a_scheme(value: Any) -> Any:
+    """`127.0.0.1:6379` is the usual slip: said as such, with the URL to write, not as
+    the URL parser's "relative URL without a base" (or `localhost` read as a scheme)."""
+    if isinstance(value, str) and value.strip() and "://" not in value:
+        shown = masked_text(f"redis://{value.strip()}").removeprefix("redis://")
+        raise ValueError(
+            f"{shown!r} has no scheme: write redis://{shown} (rediss:// for TLS, "
+            "redis+cluster:// for a Redis Cluster)"
+        )
+    return value
+
+
 MemberUrl = Annotated[
     MultiHostUrl,
     UrlConstraints(
         allowed_schemes=["redis", "rediss", *CLUSTER_SCHEMES], default_port=6379, host_required=True
     ),
+    BeforeValidator(_needs_a_scheme),
 ]
 
 

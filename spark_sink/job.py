@@ -12,11 +12,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -26,6 +24,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from gateway.config import ConfigError
 from gateway.kafka.clients import java_client_options, librdkafka_options
+from spark_sink.checkpoint import check_checkpoint, spark_checkpoint
 from spark_sink.config import SinkSettings
 from spark_sink.connector import (
     choose_source,
@@ -224,22 +223,34 @@ def start_query(
     return writer.start()
 
 
-def spark_checkpoint(settings: SinkSettings) -> str:
-    """Spark's own checkpoint (offsets, commits, state) inside `spark.checkpoint_dir`
-    (a local path or a Hadoop URI)."""
-    return f"{str(settings.spark.checkpoint_dir).rstrip('/')}/query"
-
-
 def before_session(settings: SinkSettings) -> Decision:
     """What is checked before a Spark session starts, each failure one line naming the
-    setting: `spark.source = "native"` without a connector (ConfigError), a broker
+    setting: `spark.source = "native"` without a connector, a checkpoint_dir the job
+    cannot use (`check_checkpoint`), a missing topic (ConfigError), a broker
     that does not answer within a second (BrokerUnreachable), the dedup's Redis
     (`[spark] dedup_redis`) likewise (DedupRedisUnreachable); returns whether to run
     the delivery dedup (`spark_sink.preflight`)."""
     missing = native_connector_missing(settings) or table_jars_missing(settings)
     if missing is not None:
         raise ConfigError(missing)
+    check_checkpoint(settings)
     return preflight(settings)
+
+
+class Stopped(Exception):
+    """`stop` was set before the run's work was done (the CLI sets it on a signal)."""
+
+
+def wait_for(query: StreamingQuery, stop: threading.Event | None) -> bool:
+    """Wait until `query` ends (True; its exception raised if it failed) or, first,
+    `stop` is set (False)."""
+    if stop is None:
+        query.awaitTermination()
+        return True
+    while not stop.is_set():
+        if query.awaitTermination(1):
+            return True
+    return False
 
 
 def run_until_idle(
@@ -248,14 +259,16 @@ def run_until_idle(
     spark: SparkSession | None = None,
     handler: Handler | None = None,
     registry: CollectorRegistry | None = None,
+    stop: threading.Event | None = None,
 ) -> RunReport:
     """Process everything in the clean topic now, then stop; returns the counts.
 
     Resumes from `spark.checkpoint_dir`, so a second call processes only what
     arrived since. `spark`: an existing session (else one is built from the
     settings and stopped at the end); `handler`: overrides `spark.handler`.
-    Raises the query's exception if it failed (e.g. the broker is unreachable).
-    `registry`: where the job's metrics go (`start_metrics`).
+    Raises the query's exception if it failed (e.g. the broker is unreachable),
+    `Stopped` when `stop` is set first (the batch in flight runs again at the next
+    start). `registry`: where the job's metrics go (`start_metrics`).
     """
     dedup = before_session(settings).delivery_dedup
     own_session = spark is None
@@ -272,16 +285,18 @@ def run_until_idle(
         queries = [run()]
         try:
             try:
-                queries[0].awaitTermination()
+                ended = wait_for(queries[0], stop)
             except StreamingQueryException:
                 if not connector_progress_bug(queries[0]):
                     raise
                 queries[0].stop()
                 queries.append(run())
-                queries[1].awaitTermination()
+                ended = wait_for(queries[1], stop)
         finally:
             for query in queries:
                 query.stop()
+        if not ended:
+            raise Stopped("stopped before the clean topic was read to its end")
         progress = [p for query in queries for p in query.recentProgress]
         input_rows = sum(int(p.get("numInputRows", 0)) for p in progress)
         return RunReport(
@@ -326,10 +341,13 @@ def run_forever(
     *,
     spark: SparkSession | None = None,
     registry: CollectorRegistry | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Run the stream until SIGINT/SIGTERM. Stopping may interrupt a batch; the next
-    start re-runs it (output and release commands are idempotent per batch).
-    `registry`: where the job's metrics go (`start_metrics`)."""
+    """Run the stream until `stop` is set (the CLI sets it on SIGINT/SIGTERM) or it
+    fails. Stopping may interrupt a batch; the next start re-runs it (output and
+    release commands are idempotent per batch). `registry`: where the job's metrics
+    go (`start_metrics`)."""
+    stop = stop or threading.Event()
     dedup = before_session(settings).delivery_dedup
     own_session = spark is None
     session = spark or build_session(settings)
@@ -343,18 +361,9 @@ def run_forever(
     sink = make_sink(settings)
     stop_metrics = start_metrics(session, settings, sink, registry)
     query = start_query(session, settings, sink, source=source, delivery_dedup=dedup)
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if stopping.is_set():
-            raise KeyboardInterrupt  # second signal: stop waiting
-        logger.info("signal %d: stopping the query", signum)
-        stopping.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     restarted = False
     try:
-        while query.isActive and not stopping.is_set():
+        while query.isActive and not stop.is_set():
             try:
                 query.awaitTermination(1)
             except StreamingQueryException:
@@ -366,8 +375,6 @@ def run_forever(
         if query.exception() is not None:
             raise RuntimeError(f"stream failed: {query.exception()}")
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         query.stop()
         stop_metrics()
         sink.close()

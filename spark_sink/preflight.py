@@ -1,8 +1,11 @@
 """What the job checks before its Spark session starts (a JVM, seconds), each failure one
 line naming the setting: the broker answers within `BROKER_TIMEOUT_S`
-(`[kafka] bootstrap_servers`), and whether the delivery dedup is needed
-(`[spark] delivery_dedup`); when it runs against Redis (`[spark] dedup_redis`), that the
-server answers within `REDIS_TIMEOUT_S` and accepts the claim command (Redis 7.0+).
+(`[kafka] bootstrap_servers`); the clean topic it reads and the failure topic it writes
+exist and the job's user may use them (`[kafka] clean_topic`, `failure_topic`: a typo
+is said with the nearest existing name, and no topic is ever created), and whether the
+delivery dedup is needed (`[spark] delivery_dedup`); when it runs against Redis
+(`[spark] dedup_redis`), that the server answers within `REDIS_TIMEOUT_S` and accepts
+the claim command (Redis 7.0+).
 
 The delivery dedup drops a clean record whose `dedup-token` the job has seen: a repeat
 of one delivery. Under `read_committed` the gateway's transactional paths never show
@@ -23,6 +26,7 @@ import logging
 from dataclasses import dataclass
 
 import redis
+from aiokafka.admin import AIOKafkaAdminClient
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -32,6 +36,7 @@ from gateway.kafka.transactions import transactions_unsupported
 from gateway.member_urls import masked
 from gateway.ops.broker import reaching_broker
 from gateway.ops.topics import admin_client
+from gateway.rules.missing_topics import create_hint, did_you_mean
 from spark_sink.config import DEDUP_REDIS_KEY_PREFIX as KEY_PREFIX
 from spark_sink.config import DEDUP_REDIS_SETTING as SETTING
 from spark_sink.config import SinkSettings
@@ -92,9 +97,44 @@ def decide(settings: SinkSettings, no_transactions: str | None) -> Decision:
     return Decision(False, "auto: every path into the clean topic is transactional")
 
 
+TOPIC_AUTHORIZATION_FAILED = 29  # Kafka's error code
+
+
+async def check_topics(admin: AIOKafkaAdminClient, settings: SinkSettings) -> None:
+    """ConfigError, one line, when the clean or the failure topic does not exist or the
+    job's user may not describe it. A topic the user may not describe is not listed
+    either, so those not listed are asked for by name (never created: no client of this
+    process asks for auto-creation, gateway/kafka/clients.py)."""
+    kafka = settings.kafka
+    wanted = {"kafka.clean_topic": kafka.clean_topic, "kafka.failure_topic": kafka.failure_topic}
+    listed = await admin.list_topics()
+    absent = sorted({name for name in wanted.values() if name not in listed})
+    if not absent:
+        return
+    denied = {
+        d["topic"]
+        for d in await admin.describe_topics(absent)
+        if d["error_code"] == TOPIC_AUTHORIZATION_FAILED
+    }
+    problems = []
+    for setting, name in wanted.items():
+        if name in denied:
+            problems.append(
+                f'{setting} = "{name}": not authorised (the job\'s user needs Describe and '
+                f"{'Read' if setting == 'kafka.clean_topic' else 'Write'} on it)"
+            )
+        elif name in absent:
+            problems.append(
+                f'{setting} = "{name}": the topic does not exist{did_you_mean(name, listed)}'
+            )
+    hint = f"; {create_hint(settings.source_file)}" if set(absent) - denied else ""
+    raise ConfigError("; ".join(problems) + hint)
+
+
 async def _check(settings: SinkSettings) -> str | None:
-    """Reach the broker within `BROKER_TIMEOUT_S`; then, when `decide` needs it, why it
-    lacks transactions (None: it has them, or nobody asked)."""
+    """Reach the broker within `BROKER_TIMEOUT_S`; check the topics (`check_topics`);
+    then, when `decide` needs it, why it lacks transactions (None: it has them, or
+    nobody asked)."""
     kafka = settings.kafka
     admin = admin_client(kafka)
     try:
@@ -105,6 +145,7 @@ async def _check(settings: SinkSettings) -> str | None:
                 raise BrokerUnreachable(
                     kafka.bootstrap_servers, f"no answer within {BROKER_TIMEOUT_S:g} s"
                 ) from None
+        await check_topics(admin, settings)
         asks = settings.spark.delivery_dedup == "auto" and kafka.exactly_once == "auto"
         return await transactions_unsupported(admin._client) if asks else None
     finally:

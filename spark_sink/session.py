@@ -9,13 +9,13 @@ import os
 import sys
 import zipfile
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from pyspark import SparkFiles
 from pyspark.sql import SparkSession
 
 import gateway
 import spark_sink
+from spark_sink.checkpoint import local_checkpoint
 from spark_sink.config import SinkSettings
 from spark_sink.connector import connector_jars_conf, jvm_started, spark_version
 from spark_sink.tables import table_conf
@@ -65,16 +65,39 @@ def build_session(settings: SinkSettings) -> SparkSession:
     On a cluster (any master but local) the driver's `spark_sink` and `gateway`
     packages are shipped to the executors (`ship_code`), so they run the driver's
     code whatever their Python environment holds."""
-    builder = SparkSession.builder.appName(settings.spark.app_name)
+    options = {"spark.app.name": settings.spark.app_name}
     if settings.spark.master:
-        builder = builder.master(settings.spark.master)
+        options["spark.master"] = settings.spark.master
     choose_worker_python(settings)
-    for key, value in session_conf(settings, sys.stderr.isatty()).items():
+    options |= session_conf(settings, sys.stderr.isatty())
+    launch_jvm_apart(options)
+    builder = SparkSession.builder
+    for key, value in options.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if not (session.sparkContext.master or "local").startswith("local"):
         ship_code(session)
     return session
+
+
+def launch_jvm_apart(options: dict[str, str]) -> None:
+    """Start the driver's JVM as PySpark would (`launch_gateway`, with `options` as the
+    SparkConf), but in a session of its own, unless a JVM runs already (spark-submit
+    started this file in one, or a session was built before). A signal to the job's
+    process group (what `timeout`, systemd and a terminal's Ctrl-C send) then reaches
+    the Python driver alone, which stops the query and then the JVM, in order: sent to
+    the JVM too, it died under the running query (76 lines of py4j traceback). The JVM
+    still ends with the driver: PySpark's gateway server exits when its stdin closes."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if jvm_started() or SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False)
+    for key, value in options.items():
+        conf.set(key, value)
+    gateway_ = launch_gateway(conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    SparkContext._gateway, SparkContext._jvm = gateway_, gateway_.jvm
 
 
 def session_conf(settings: SinkSettings, terminal: bool) -> dict[str, str]:
@@ -98,12 +121,6 @@ def session_conf(settings: SinkSettings, terminal: bool) -> dict[str, str]:
             ours = f"-Dlog4j2.configurationFile={LOG4J2_CONF}"
             conf[DRIVER_JAVA_OPTIONS] = f"{ours} {options}".strip()
     return conf
-
-
-def local_checkpoint(settings: SinkSettings) -> bool:
-    """Whether `spark.checkpoint_dir` is on the local file system (a path or file:)."""
-    scheme = urlsplit(str(settings.spark.checkpoint_dir)).scheme
-    return scheme in ("", "file")
 
 
 def choose_worker_python(settings: SinkSettings) -> None:

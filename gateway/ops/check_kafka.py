@@ -24,6 +24,7 @@ from gateway.ops.broker import reaching_broker
 from gateway.ops.check_ids import id_findings
 from gateway.ops.findings import Finding, error, ok, warn
 from gateway.ops.topics import TopicSpec, admin_client, existing_topics, needed_topics
+from gateway.rules.missing_topics import create_hint, did_you_mean
 
 
 async def kafka_findings(settings: Settings, timeout_s: float) -> list[Finding]:
@@ -83,13 +84,15 @@ async def topic_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list
     they should be (`[topics]`), and a summary line."""
     specs = needed_topics(settings)
     existing = await existing_topics(admin, [s.name for s in specs])
+    listed = await admin.list_topics() if len(existing) < len(specs) else []
     findings = []
     for spec in specs:
         if spec.name not in existing:
             findings.append(
                 error(
                     f"topic {spec.name}",
-                    f"missing ({spec.role}); create it: dedup-gateway topics --create",
+                    f"missing ({spec.role}){did_you_mean(spec.name, listed)}; "
+                    + create_hint(settings.source_file),
                 )
             )
     for lane in settings.lanes:
@@ -136,7 +139,8 @@ async def topic_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list
             )
     findings += _configured_findings(specs, configs)
     present = sum(1 for s in specs if s.name in existing)
-    findings.append(ok("kafka", f"{present} of {len(specs)} topics exist"))
+    summary = error if present < len(specs) else ok
+    findings.append(summary("kafka", f"{present} of {len(specs)} topics exist"))
     return findings
 
 
@@ -241,6 +245,16 @@ async def _described(admin: AIOKafkaAdminClient, group: str) -> list[Any]:
         await asyncio.sleep(0.2)
 
 
+def _group_state(state: str) -> str:
+    """The broker says Dead for a group it holds nothing for (never joined, or its
+    offsets expired) and Empty for one with offsets but no member now."""
+    if state in ("Dead", ""):
+        return "no members yet"
+    if state == "Empty":
+        return "no members now; committed offsets kept"
+    return f"state {state}"
+
+
 async def _group_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list[Finding]:
     group = settings.kafka.group_id
     groups = [group, f"{group}.failures"] + ([f"{group}.delay"] if settings.delay.enabled else [])
@@ -257,6 +271,5 @@ async def _group_findings(admin: AIOKafkaAdminClient, settings: Settings) -> lis
                     )
                 )
             else:
-                state_text = state or "unknown"
-                findings.append(ok(f"group {name}", f"usable (state {state_text})"))
+                findings.append(ok(f"group {name}", f"usable ({_group_state(state)})"))
     return findings

@@ -14,7 +14,6 @@ deleted holds /readyz at 503 the same way until it is back.
 from __future__ import annotations
 
 import asyncio
-import difflib
 import logging
 from collections.abc import Collection
 from pathlib import Path
@@ -25,6 +24,7 @@ from aiokafka.errors import KafkaError
 
 from gateway.config import KafkaSettings, Settings
 from gateway.kafka.clients import aiokafka_options
+from gateway.rules.missing_topics import missing_line
 from gateway.rules.tiers import tier_topics
 from gateway.waits import FallingReport, wait_or_stop
 
@@ -50,19 +50,6 @@ def configured_topics(settings: Settings, tiers: bool = False) -> dict[str, str]
     named.setdefault(kafka.quarantine_topic, "quarantine")
     named.setdefault(kafka.dead_letter_topic, "dead-letter")
     return named
-
-
-def missing_line(missing: dict[str, str], existing: Collection[str], config: Path | None) -> str:
-    """One line: each missing topic with its role and the nearest existing name, then
-    the command that creates them."""
-    candidates = [name for name in existing if not name.startswith("__")]
-    parts = []
-    for name, role in missing.items():
-        near = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-        guess = f" (did you mean {near[0]!r}?)" if near else ""
-        parts.append(f"{role} topic {name!r} does not exist{guess}")
-    where = str(config) if config is not None else "FILE"
-    return f"{'; '.join(parts)}: create it: dedup-gateway topics --create --config {where}"
 
 
 class TopicWatch:

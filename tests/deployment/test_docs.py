@@ -38,8 +38,8 @@ TESTS = REPO / "tests"
 RUN_ELSEWHERE = {
     "kubectl": "tests/deployment/test_kubernetes.py renders the kustomizations",
     "helm": "tests/deployment/test_helm.py lints and renders the chart",
-    ".venv/bin/python": "python -m build: tests/deployment/test_release.py builds the package",
     ".venv/bin/twine": "tests/deployment/test_release.py runs twine check --strict",
+    "pip": "tests/deployment/test_release.py installs the wheel by name in a fresh venv",
     "spark-submit": "tests/deployment/test_spark_pack.py submits with the documented options",
     "docker": "not run here (no Docker engine); tests/deployment/test_dockerfiles.py and "
     "tests/deployment/test_manifests.py check the files it reads",
@@ -104,7 +104,10 @@ def _block_lines(body: str, first: int) -> Iterator[tuple[int, str]]:
 
 
 ENV_ASSIGNMENT = re.compile(r"([A-Z_]+)=(\$\([^)]*\)|\"[^\"]*\"|'[^']*'|\S+)\s+")
-COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(dedup-gateway|python -m|make|pytest)(?= |$)")
+COMMAND_START = re.compile(
+    r"^(?:[A-Z_]+=\S+ )*"
+    r"((?:dedup-gateway|python -m|make|pytest)(?= |$)|(?:\.venv/bin/)?python scripts/)"
+)
 
 
 def commands() -> list[Command]:
@@ -167,7 +170,10 @@ def _run_to_parser(module: str, argv: list[str]) -> tuple[argparse.ArgumentParse
         ):
             # Another command may have imported the module already: runpy runs it anew.
             warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
-            runpy.run_module(module, run_name="__main__", alter_sys=False)
+            if module.endswith(".py"):  # a script the docs run with python
+                runpy.run_path(str(REPO / module), run_name="__main__")
+            else:
+                runpy.run_module(module, run_name="__main__", alter_sys=False)
     except _Parsed:
         problem = None
     except SystemExit as exit_:
@@ -226,6 +232,8 @@ def check(command: Command) -> str | None:
         return parse_module_args("gateway", args)
     if words[:2] == ["python", "-m"]:
         return parse_module_args(words[2], words[3:])
+    if program in ("python", ".venv/bin/python") and args and args[0].startswith("scripts/"):
+        return parse_module_args(args[0], args[1:]) if command.whole else None
     if program == "make":
         targets = [w for w in args if "=" not in w]
         make_vars = dict(w.split("=", 1) for w in args if "=" in w) | env

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.harness import redis_urls
 from gateway.config import env_name, load_settings
 from tests.deployment.conftest import ALERTS, DASHBOARD, DEPLOY, REPO, load_yaml_documents, tool
 from tests.deployment.test_kubernetes import (
@@ -34,9 +35,9 @@ from tests.deployment.test_kubernetes import (
     validate,
     with_runbook_base,
 )
+from tests.integration.test_first_hour import bounded
 
 CHART = DEPLOY / "helm" / "dedup-gateway"
-KUBERNETES = "1.33.0"
 MY_RUNBOOKS = "https://git.example.org/acme/dedup-gateway/blob/v0.1.0"
 # Every option on: what a full install on a cluster with the operators would render.
 EVERYTHING: dict[str, Any] = {
@@ -68,11 +69,19 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def is_test_hook(doc: dict[str, Any]) -> bool:
+    return bool(doc["metadata"].get("annotations", {}).get("helm.sh/hook") == "test")
+
+
 def render(
-    values: dict[str, Any] | None = None, release: str = "dedup-gateway", tmp: Path | None = None
+    values: dict[str, Any] | None = None,
+    release: str = "dedup-gateway",
+    tmp: Path | None = None,
+    hooks: bool = False,
 ) -> list[dict[str, Any]]:
-    """`helm template RELEASE CHART -f values.yaml`: what `helm install` would send."""
-    args = ["template", release, str(CHART), "--kube-version", KUBERNETES, "--namespace", "dedup"]
+    """`helm template RELEASE CHART -f values.yaml`: what `helm install` would send (and,
+    with `hooks`, the pods `helm test` creates)."""
+    args = ["template", release, str(CHART), "--namespace", "dedup"]
     if values is not None:
         assert tmp is not None
         path = tmp / f"values-{len(list(tmp.iterdir()))}.yaml"
@@ -80,13 +89,14 @@ def render(
         args += ["-f", str(path)]
     result = helm(*args)
     assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    return [doc for doc in docs if hooks or not is_test_hook(doc)]
 
 
 def refused(values: dict[str, Any], tmp: Path) -> str:
     path = tmp / "bad-values.yaml"
     path.write_text(yaml.safe_dump(values))
-    result = helm("template", "x", str(CHART), "--kube-version", KUBERNETES, "-f", str(path))
+    result = helm("template", "x", str(CHART), "-f", str(path))
     assert result.returncode != 0, f"{values} was accepted"
     return result.stderr
 
@@ -127,12 +137,34 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_helm_lint_passes_with_the_default_values_and_with_every_option_on(
     tmp_path: Path,
 ) -> None:
-    result = helm("lint", "--strict", str(CHART), "--kube-version", KUBERNETES)
+    result = helm("lint", "--strict", str(CHART))
     assert result.returncode == 0, result.stdout + result.stderr
     values = tmp_path / "everything.yaml"
     values.write_text(yaml.safe_dump(EVERYTHING))
-    result = helm("lint", "--strict", str(CHART), "--kube-version", KUBERNETES, "-f", str(values))
+    result = helm("lint", "--strict", str(CHART), "-f", str(values))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_helm_the_setup_builds_says_its_version_and_renders_without_flags() -> None:
+    """Built without helm's ldflags, helm assumes Kubernetes v1.20.0 and refuses the
+    chart's kubeVersion unless --kube-version is passed; `helm version` says v0.0.0."""
+    script = (REPO / "scripts" / "setup-helm.sh").read_text()
+    pinned = re.search(r"HELM_VERSION:-(v[0-9.]+)", script)
+    assert pinned
+    result = helm("version", "--template", "{{.Version}}")
+    assert result.stdout == pinned[1], "run `bash scripts/setup-helm.sh`: " + result.stdout
+    result = helm("template", "x", str(CHART))
+    assert result.returncode == 0, result.stderr
+    assert "kubeVersion" in (CHART / "Chart.yaml").read_text()
+
+
+def test_the_notes_name_files_that_exist_and_the_helm_test_command() -> None:
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    mentioned = re.findall(r"\bdocs/[\w.-]+\.md\b", notes)
+    assert "docs/runbooks.md" in mentioned
+    for path in mentioned:
+        assert (REPO / path).is_file(), f"NOTES.txt points at {path}, which does not exist"
+    assert "helm test {{ .Release.Name }}" in notes
 
 
 def test_the_chart_is_the_packages_version() -> None:
@@ -477,9 +509,90 @@ def test_the_documented_install_command_renders(tmp_path: Path) -> None:
     args = ["template", *words[2:]]
     args[2] = str(REPO / args[2])
     args = [a.replace("config.toml=gateway.toml", f"config.toml={config}") for a in args]
-    result = helm(*[a for a in args if a != "--create-namespace"], "--kube-version", KUBERNETES)
+    result = helm(*[a for a in args if a != "--create-namespace"])
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     assert container(docs)["image"] == "registry.example.com/dedup-gateway:" + (
         metadata.version("dedup-gateway")
     )
+
+
+# --- `helm test`: check-config --connect -----------------------------------------------
+
+
+def test_hook(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = [d for d in docs if is_test_hook(d)]
+    assert found["kind"] == "Pod"
+    return found
+
+
+test_hook.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
+def test_the_helm_test_hook_runs_check_config_with_the_gateways_settings(tmp_path: Path) -> None:
+    """The hook pod reads the settings as the gateway pods do: same env (the Secret's
+    overrides, static membership, extraEnv), same mounts and volumes, same image."""
+    values = {**EVERYTHING, "extraEnv": [{"name": "GATEWAY_LOGGING__LEVEL", "value": "DEBUG"}]}
+    docs = render(values, tmp=tmp_path, hooks=True)
+    hook = test_hook(docs)
+    assert hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == (
+        "before-hook-creation,hook-succeeded"
+    )
+    spec = hook["spec"]
+    assert spec["restartPolicy"] == "Never"
+    (check,) = spec["containers"]
+    gateway = container(docs)
+    assert check["args"][:2] == ["check-config", "--connect"]
+    config = check["args"][check["args"].index("--config") + 1]
+    assert gateway["args"][gateway["args"].index("--config") + 1] == config
+    for key in ("image", "env", "volumeMounts", "securityContext"):
+        assert check[key] == gateway[key], key
+    assert spec["volumes"] == pod(docs)["volumes"]
+    assert spec["securityContext"] == pod(docs)["securityContext"]
+    validate([hook])
+    assert not any(is_test_hook(d) for d in render(values, tmp=tmp_path)), "install runs no test"
+
+
+def test_the_hooks_command_passes_on_a_ready_install_and_fails_on_a_missing_topic(
+    broker, names, redis_servers, tmp_path: Path
+) -> None:
+    """The hook's own command line, run against real servers with the config the chart
+    mounts: exit 0 when the members answer and the topics exist, non-zero (naming the
+    topic) when one is missing, as `helm test` would report."""
+    servers = redis_servers(1)
+    bounded(servers)  # no maxmemory warning: a warning fails `helm test` too (exit 1)
+    prefix = names("hook")
+    config_toml = "\n".join([
+        "[kafka]",
+        f'bootstrap_servers = "{broker}"',
+        f'raw_topics = ["{prefix}-raw"]',
+        f'clean_topic = "{prefix}-clean"',
+        f'failure_topic = "{prefix}-failures"',
+        f'quarantine_topic = "{prefix}-quarantine"',
+        f'dead_letter_topic = "{prefix}-dead"',
+        f'group_id = "{prefix}-group"',
+        "[redis]",
+        "nodes = [" + ", ".join(f'"{n}"' for n in redis_urls(servers)) + "]",
+        "",
+    ])  # fmt: skip
+    docs = render({"config": {"toml": config_toml}}, tmp=tmp_path, hooks=True)
+    (configmap,) = [d for d in by_kind(docs, "ConfigMap") if "gateway.toml" in d["data"]]
+    mounted = tmp_path / "gateway.toml"
+    mounted.write_text(configmap["data"]["gateway.toml"])
+    (check,) = test_hook(docs)["spec"]["containers"]
+    args = [str(mounted) if a == "/etc/dedup-gateway/gateway.toml" else a for a in check["args"]]
+
+    def hook_run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+
+    missing = hook_run()
+    assert missing.returncode != 0, missing.stdout
+    assert f"{prefix}-clean" in missing.stdout
+    created = subprocess.run(
+        [sys.executable, "-m", "gateway", "topics", "--config", str(mounted), "--create",
+         "--partitions", "1"], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stdout + created.stderr
+    ready = hook_run()
+    assert ready.returncode == 0, ready.stdout + ready.stderr

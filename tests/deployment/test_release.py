@@ -42,15 +42,19 @@ def _copy_of_the_checkout(into: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`make dist` in a copy of the checkout, with this venv and no set-up: python -m
+    build, then twine check --strict."""
     source = _copy_of_the_checkout(tmp_path_factory.mktemp("src"))
-    out = tmp_path_factory.mktemp("dist")
-    # --no-isolation: the build backend pinned in this venv, no download.
+    venv = Path(sys.executable).parent.parent
+    # -o: the venv's stamp is taken as up to date whatever the copy's file times say
+    # (else make would run the set-up, installing this venv's package from the copy).
     result = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
-        capture_output=True, text=True, timeout=120,
+        ["make", "-C", str(source), "-o", f"{venv}/.installed", "dist", f"VENV={venv}"],
+        capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return out
+    assert result.stdout.count("PASSED") == 2, result.stdout[-3000:]
+    return source / "dist"
 
 
 def _wheel(dist: Path) -> Path:
@@ -128,3 +132,42 @@ def test_no_code_states_the_version_itself() -> None:
         for module in (REPO / package).rglob("*.py"):
             assert not literal.search(module.read_text()), module
     assert 'version("dedup-gateway")' in (REPO / "gateway" / "metrics.py").read_text()
+
+
+def test_the_wheel_installs_by_name_in_a_fresh_venv_with_its_extras(
+    dist: Path, tmp_path: Path
+) -> None:
+    """What docs/development.md tells a user: `pip install --find-links dist
+    "dedup-gateway[local]"` in a venv of their own (dependencies from the package
+    index, at constraints.txt's versions), then the command runs from that venv."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--find-links", str(dist),
+         "-c", str(REPO / "constraints.txt"), "dedup-gateway[local]"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    command = venv / "bin" / "dedup-gateway"
+    version = subprocess.run([str(command), "--version"], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path)  # fmt: skip
+    assert version.stdout.strip() == f"dedup-gateway {VERSION}", version.stderr
+    checked = subprocess.run(
+        [str(command), "check-config", "--config", str(REPO / "deploy/config/gateway.k8s.toml")],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert "[kafka]" in checked.stdout
+    extra = subprocess.run(
+        [str(python), "-c", "import confluent_kafka, gateway, sys; print(gateway.__file__)"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert extra.stdout.startswith(str(venv)), extra.stdout + extra.stderr
+
+
+def test_the_changelog_names_the_version() -> None:
+    """The release's section heads the changelog (Keep a Changelog: `## [0.1.0] - ...`)."""
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## \[([^\]]+)\]", changelog, re.M)
+    assert headings and headings[0] == VERSION, headings[:3]

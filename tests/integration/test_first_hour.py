@@ -170,9 +170,34 @@ def test_connect_check_names_a_missing_topic(broker, names, tmp_path, redis_serv
     code, out = run(capsys, "check-config", "--config", str(config), "--connect")
     assert code == 3
     assert (
-        f"ERROR topic {prefix}-orders: missing (raw); create it: dedup-gateway topics --create"
-        in out
+        f"ERROR topic {prefix}-orders: missing (raw); "
+        f"create it: dedup-gateway topics --create --config {config}" in out
     )
+    lines = out.splitlines()
+    assert "ERROR kafka: 0 of 7 topics exist" in lines, "a summary with missing topics is no OK"
+    assert not any(line.startswith("OK    kafka:") and "topics exist" in line for line in lines)
+    # A group nothing joined yet: said as such, not the broker's "Dead".
+    assert f"OK    group {prefix}-group: usable (no members yet)" in lines, out
+    assert "Dead" not in out
+
+
+def test_connect_check_offers_the_nearest_topic_for_a_typo(
+    broker, names, tmp_path, redis_servers, capsys
+):
+    servers = redis_servers(1)
+    bounded(servers)
+    prefix = names("typo")
+    config = write_config(tmp_path / "g.toml", broker, prefix, redis_urls(servers))
+    assert main(["topics", "--config", str(config), "--create", "--partitions", "1"]) == 0
+    typo = tmp_path / "typo.toml"
+    typo.write_text(config.read_text().replace(f'"{prefix}-clean"', f'"{prefix}-clen"'))
+    capsys.readouterr()
+    code, out = run(capsys, "check-config", "--config", str(typo), "--connect")
+    assert code == 3, out
+    assert (
+        f"ERROR topic {prefix}-clen: missing (clean) (did you mean '{prefix}-clean'?); "
+        f"create it: dedup-gateway topics --create --config {typo}" in out.splitlines()
+    ), out
 
 
 def test_connect_check_names_a_wrong_password_and_a_member_down(

@@ -53,6 +53,28 @@ def test_cli_prints_one_line_and_exits_2_on_bad_config(tmp_path: Path, capsys):
     assert "\n" not in err
 
 
+def test_a_member_url_without_a_scheme_says_so_once_per_member_with_the_url_to_write(
+    tmp_path: Path, capsys
+):
+    """`127.0.0.1:6379` is read by the URL parser as a relative URL and `localhost:6380/0`
+    as the scheme `localhost`: each is said as a missing scheme, password masked."""
+    path = tmp_path / "g.toml"
+    path.write_text(
+        '[redis]\nnodes = ["127.0.0.1:6379", "u:s3cret@localhost:6380/0", "redis://c:1/0"]\n'
+    )
+    assert main(["check-config", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err == (
+        "dedup-gateway: invalid setting redis.nodes.0: '127.0.0.1:6379' has no scheme: "
+        "write redis://127.0.0.1:6379 (rediss:// for TLS, redis+cluster:// for a Redis "
+        "Cluster); invalid setting redis.nodes.1: 'u:***@localhost:6380/0' has no scheme: "
+        "write redis://u:***@localhost:6380/0 (rediss:// for TLS, redis+cluster:// for a "
+        "Redis Cluster)"
+    )
+    assert "relative URL" not in err and "s3cret" not in err
+
+
 def test_missing_config_file_is_named(tmp_path: Path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml")

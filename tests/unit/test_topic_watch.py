@@ -11,7 +11,8 @@ from aiokafka.protocol.metadata import MetadataRequest_v1, MetadataRequest_v5
 from devtools.harness import Topics, make_settings
 from gateway.config import load_sink_settings
 from gateway.kafka.clients import NoAutoCreateMetadataRequest
-from gateway.service.topic_watch import TopicWatch, configured_topics, missing_line
+from gateway.rules.missing_topics import missing_line
+from gateway.service.topic_watch import TopicWatch, configured_topics
 from spark_sink.job import make_sink
 
 

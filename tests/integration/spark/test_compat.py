@@ -22,7 +22,7 @@ import pytest
 
 from devtools.harness import Topics, counter_value, eventually, make_settings, redis_urls, running
 from devtools.jars import spark_kafka_jars
-from devtools.topics import read_topic, wait_committed
+from devtools.topics import create_topics, read_topic, wait_committed
 from devtools.traffic import produce_traffic
 from tests.integration.spark.compat_env import compat_venv, job_env, python_of
 
@@ -101,7 +101,9 @@ async def test_spark_35_reads_the_gateways_clean_topic_on_its_connector_and_rele
 def test_spark_35_without_the_connector_stops_at_start_up_naming_the_packages(
     python35: Path, broker: str, names, tmp_path: Path
 ) -> None:
-    config = write_config(tmp_path, broker, Topics(names))
+    topics = Topics(names)
+    asyncio.run(create_topics(broker, {topics.clean: 1, topics.failures: 1}))
+    config = write_config(tmp_path, broker, topics)
     ran = run_job(python35, config, DEDUP_JAR_CACHE=str(tmp_path / "no-jars"))
     assert ran.returncode == 2, ran.stderr[-6000:]
     last = ran.stderr.strip().splitlines()[-1]

@@ -213,6 +213,7 @@ def test_redis_down_at_start_stops_the_job_in_one_line(
     url = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
     path.write_text(
         f'[kafka]\nbootstrap_servers = "{broker}"\nclean_topic = "{topics[0]}"\n'
+        f'failure_topic = "{topics[1]}"\n'
         f'[spark]\ndelivery_dedup = "on"\ndedup_redis = "{url}"\n'
     )
     assert main(["--config", str(path), "--until-idle"]) == 3

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError
+from spark_sink.checkpoint import local_checkpoint
 from spark_sink.config import DEFAULT_HANDLER, load_sink_settings
 from spark_sink.job import check_planner_python
-from spark_sink.session import choose_worker_python, local_checkpoint, ship_code
+from spark_sink.session import choose_worker_python, ship_code
 
 
 def test_the_default_handler_passes_every_record():

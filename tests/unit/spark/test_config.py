@@ -91,7 +91,7 @@ def test_command_line_configures_logging_from_the_log_section(
     path = tmp_path / "gateway.toml"
     path.write_text('[log]\nlevel = "WARNING"\njson = true\n')
     ran: list[object] = []
-    monkeypatch.setattr(job, "run_forever", ran.append)
+    monkeypatch.setattr(job, "run_forever", lambda settings, stop: ran.append(settings))
     assert entry.main(["--config", str(path)]) == 0
     assert len(ran) == 1
 

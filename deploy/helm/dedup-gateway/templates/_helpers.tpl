@@ -116,3 +116,67 @@ app.kubernetes.io/component: gateway
 {{- end -}}
 {{- $ports | uniq | toJson -}}
 {{- end -}}
+
+{{/* What a gateway container needs to read its settings: the Secret's overrides, the
+config file and the TLS folder (the workload and the `helm test` hook share them). */}}
+{{- define "dedup-gateway.configEnv" -}}
+# Overrides of gateway.toml from the Secret, each optional: without
+# it the pods start with the file's own values.
+env:
+  - name: GATEWAY_REDIS__NODES
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "dedup-gateway.secretName" . }}
+        key: redis-nodes
+        optional: true
+  - name: GATEWAY_KAFKA__SASL_USERNAME
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "dedup-gateway.secretName" . }}
+        key: kafka-sasl-username
+        optional: true
+  - name: GATEWAY_KAFKA__SASL_PASSWORD
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "dedup-gateway.secretName" . }}
+        key: kafka-sasl-password
+        optional: true
+  {{- if .Values.staticMembership.enabled }}
+  # Static membership: [kafka] group_instance_id is the pod's name.
+  - name: GATEWAY_KAFKA__GROUP_INSTANCE_ID
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.name
+  {{- end }}
+  {{- with .Values.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{- define "dedup-gateway.configMounts" -}}
+volumeMounts:
+  - name: config
+    mountPath: /etc/dedup-gateway/gateway.toml
+    subPath: gateway.toml
+    readOnly: true
+  - name: tls
+    mountPath: {{ .Values.tls.mountPath }}
+    readOnly: true
+  - name: tmp
+    mountPath: /tmp
+{{- end -}}
+
+{{- define "dedup-gateway.configVolumes" -}}
+volumes:
+  - name: config
+    configMap:
+      name: {{ include "dedup-gateway.configMapName" . }}
+  - name: tls
+    secret:
+      secretName: {{ include "dedup-gateway.tlsSecretName" . }}
+      # Without it the folder is empty: fine for plaintext Kafka and redis://.
+      optional: true
+  - name: tmp
+    emptyDir:
+      sizeLimit: 64Mi
+{{- end -}}
