@@ -53,6 +53,7 @@ from devtools.localstack import LocalStack, free_port
 from devtools.topics import create_topics, read_topic
 from devtools.traffic import Traffic
 from gateway.config import RedisSettings, Settings, load_settings, parse_duration
+from gateway.kafka.completion import PlainCompletion, TransactionalCompletion
 from gateway.metrics import Metrics
 from gateway.quorum.scripts import SLICES_BACK
 from gateway.service.app import Gateway
@@ -287,8 +288,8 @@ class TransactionWatch:
 
     def __init__(self, gateway: Gateway, on_end: Callable[[bool], None] | None = None) -> None:
         source = gateway.source
-        transactions = source.checkpoint.transactions if source is not None else None
-        if transactions is None:
+        completion = source.checkpoint.completion if source is not None else None
+        if not isinstance(completion, TransactionalCompletion):
             raise RuntimeError("the gateway's raw loop writes no transactions (exactly_once off?)")
         self.open = False
         self.commits = 0
@@ -296,6 +297,7 @@ class TransactionWatch:
         self.open_s = 0.0  # summed over the transactions: begun to ended
         self.begin_s = 0.0  # of it, in the producer's begin_transaction
         self.closing_s = 0.0  # of it, the step's end (copies acknowledged) to the end
+        transactions = completion.transactions
         run = transactions.run
         timed_producers: set[int] = set()
 
@@ -367,7 +369,10 @@ class BatchWatch:
         self.commit_s = 0.0
         self.forwards = 0
         self.forward_s = 0.0
-        commit, finish = checkpoint.commits.commit, source.pipeline.finish
+        completion = checkpoint.completion
+        assert isinstance(completion, (PlainCompletion, TransactionalCompletion))
+        commits = completion.commits
+        commit, finish = commits.commit, source.pipeline.finish
 
         async def forwarding(decided: Any) -> dict[TopicPartition, int]:
             began = time.perf_counter()
@@ -387,7 +392,7 @@ class BatchWatch:
                 self.commits += 1
                 self.commit_s += time.perf_counter() - began
 
-        checkpoint.commits.commit = watched  # type: ignore[method-assign]
+        commits.commit = watched  # type: ignore[method-assign]
 
 
 async def watch_transactions(

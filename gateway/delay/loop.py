@@ -68,13 +68,12 @@ from gateway.delay.closing import WindowCloses
 from gateway.delay.coalescer import Coalescer as Closer
 from gateway.delay.coalescer import now_ms
 from gateway.delay.held import Held, TierRecords, size_of
-from gateway.kafka.commits import Commits
+from gateway.kafka.completion import Completion
 from gateway.kafka.due import DueQueue
-from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
+from gateway.kafka.exactly_once import StepAborted
 from gateway.kafka.loop import Ask, ConsumerLoop
 from gateway.kafka.offsets import OffsetBook, PartitionOffsets, fetch_position
 from gateway.kafka.salvage import Fetched
-from gateway.kafka.sink import Sink
 from gateway.kafka.transactions import Member
 from gateway.metrics import Metrics
 from gateway.rules.tiers import (
@@ -111,19 +110,17 @@ class DelayLoop:
         self,
         settings: Settings,
         consumer: AIOKafkaConsumer,
-        sink: Sink,
+        completion: Completion,
         metrics: Metrics,
         closer: Closer | None = None,
         leftover: Mapping[str, int] | None = None,
-        transactions: Transactions | None = None,
     ) -> None:
         self.closer = closer
-        # exactly_once: a step's moves and offsets together
-        self.commits = Commits(consumer, "delay tier", transactions)
+        self.completion = completion  # a step's moves, then (or with) its offsets
         self.fetched_as: Member = (-1, "", None)  # who the consumer was at the last fetch
         self.leftover = dict(leftover or {})  # tier topics no longer configured -> delay ms
         self.consumer = consumer
-        self.sink = sink
+        self.sink = completion.sink
         self.metrics = metrics
         self.kafka = settings.kafka
         self.clean_topic = settings.kafka.clean_topic
@@ -276,21 +273,15 @@ class DelayLoop:
             emitted = await self.closes.decide(closing, now, moves, stepped)
         if not stepped:
             return
-        if self.commits.transactions is None:
-            await self._move(moves, to_clean, emitted, stepped)
-            # A partition that moved on: its new owner replays the moves (same tokens).
-            offsets = self.book.due_commits(self.consumer)
-            if await self.commits.commit(offsets):
-                self.book.committed(offsets)
-            return
         try:
-            committed = await self.commits.transaction(
+            committed = await self.completion.complete(
                 self._moved(moves, to_clean, emitted, stepped), self.fetched_as
             )
         except StepAborted:
             await self._read_again()
             return
-        self.book.committed(committed)
+        if committed is not None:
+            self.book.committed(committed)
 
     async def _moved(
         self,
@@ -301,18 +292,14 @@ class DelayLoop:
     ) -> dict[TopicPartition, int]:
         await self._move(moves, to_clean, emitted, stepped)
         faults.reached("delay-acked")
-        # Every partition's point, moved or not: its offsets make the transaction
-        # checked against the group generation (`OffsetBook.fencing_commits`).
-        return self.book.fencing_commits(self.consumer)
+        # A partition that moved on: its new owner replays the moves (same tokens).
+        return self.completion.step_offsets(self.book, self.consumer)
 
     async def _read_again(self) -> None:
-        """A step's transaction aborted: nothing it moved is visible and no offset moved.
-        Everything taken is dropped and every partition read again from its commit."""
-        self.metrics.transactions_aborted.labels("delay").inc()
+        """A step's transaction aborted (`ConsumerLoop.read_again`): everything taken is
+        dropped, and the partitions paused for it resumed."""
         assigned = self.consumer.assignment()
-        self.forget(assigned)
-        self.loop.guard.revoked()  # a batch fetched before this is stale
-        await read_again_from_commits(self.consumer)
+        await self.loop.read_again(self.forget)
         self.consumer.resume(*(self.consumer.assignment() & assigned))  # not one revoked since
 
     async def _move(

@@ -25,7 +25,8 @@ token is stale, changes nothing. Offsets are committed only once a command's eff
 is acknowledged. A crash between a retry's acknowledgement and the Redis note that
 it is done sends it once more (at-least-once); with `[kafka] exactly_once` the due
 retries and dead letters go out in one transaction with the command offsets they
-complete (`_due_in_a_transaction`), so a `read_committed` reader sees each once.
+complete (`_run_due`, through the loop's `Completion`), so a `read_committed` reader
+sees each once.
 
 Every id is handled as the exact bytes the command names (`Command.id`, from
 `id_b64` when present), so ids that are not UTF-8 are released, handed over,
@@ -53,8 +54,8 @@ from gateway.config import Settings
 from gateway.contract.commands import Command, parse_command
 from gateway.contract.records import Record, coordinates, source_ref
 from gateway.errors import InvalidCommand
-from gateway.kafka.commits import Commits
-from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
+from gateway.kafka.completion import Completion
+from gateway.kafka.exactly_once import StepAborted
 from gateway.kafka.loop import Ask, ConsumerLoop, Idle
 from gateway.kafka.offsets import OffsetBook, PartitionOffsets
 from gateway.kafka.salvage import Fetched
@@ -95,11 +96,11 @@ class FailureMode(Protocol):
 
     async def run_due(self, stop: asyncio.Event, budget_s: float | None = None) -> list[Command]:
         """Before a fetch: the effects whose time has come (for at most `budget_s`); the
-        commands whose effect went out and is to be noted done (`noted_done`) once its
-        transaction committed."""
+        commands whose effect went out and is to be noted done (`noted_done`) once the
+        step completed (those whose effect is out once acknowledged are noted already)."""
 
     async def noted_done(self, commands: list[Command]) -> None:
-        """Note these commands' effects done (after their transaction committed)."""
+        """Note these commands' effects done (after their step completed)."""
 
     def busy(self) -> bool:
         """Too much scheduled: fetch nothing more for now."""
@@ -119,7 +120,7 @@ class FailureLoop:
         metrics: Metrics,
         commands: AIOKafkaConsumer,
         book: OffsetBook[CommandPartition],
-        transactions: Transactions | None = None,
+        completion: Completion,
     ) -> None:
         self.failures = settings.failures
         self.mode = mode
@@ -127,11 +128,7 @@ class FailureLoop:
         self.commands = commands
         self.raw_topics = frozenset(settings.kafka.raw_topics)
         self.book = book
-        self.commits = Commits(commands, "failure-topic", transactions)
-        # A transaction's share of the due retries: well inside `transaction_timeout`,
-        # after which the broker aborts it (400 retries in one took longer, and every
-        # one was aborted and redone).
-        self.step_budget_s = min(1.0, settings.kafka.transaction_timeout.total_seconds() / 5)
+        self.completion = completion
         self.loop = ConsumerLoop(
             commands, settings.kafka, "failure command", self, book.position, book.read_on
         )
@@ -144,35 +141,37 @@ class FailureLoop:
         await self.loop.run(stop)
 
     async def ask(self, stop: asyncio.Event) -> Ask | Idle:
-        """The effects due first; no fetch while too many are scheduled."""
-        if self.commits.transactions is None:
-            await self.mode.run_due(stop)
-        elif self.mode.has_due():
-            await self._due_in_a_transaction(stop)
+        """The effects due first; no fetch while too many are scheduled, and one that
+        does not wait while more are due."""
+        if self.mode.has_due():
+            await self._run_due(stop)
         if self.mode.busy():
             return Idle(FETCH_TIMEOUT_MS)  # let scheduled effects drain
-        return Ask(FETCH_TIMEOUT_MS, MAX_COMMANDS)
+        return Ask(0 if self.mode.has_due() else FETCH_TIMEOUT_MS, MAX_COMMANDS)
 
-    async def _due_in_a_transaction(self, stop: asyncio.Event) -> None:
-        """The due effects' copies and the command offsets they complete in one
-        transaction, under the loop's lock (a revoke waits for it), committed as the
-        group member the consumer is now: a zombie's commit is refused, and aborts."""
+    async def _run_due(self, stop: asyncio.Event) -> None:
+        """The due effects' copies, for at most the completion's `step_s`, then the
+        command offsets they complete (in one transaction with `[kafka] exactly_once`),
+        under the loop's lock (a revoke waits for it), committed as the group member the
+        consumer is now: a zombie's transaction is refused, and aborts."""
         sent: list[Command] = []
 
         async def step() -> dict[TopicPartition, int]:
-            sent.extend(await self.mode.run_due(stop, self.step_budget_s))
-            # Every partition's point, moved or not: a retry behind an older command
-            # still scheduled moves none, and a transaction without offsets is checked
-            # against no group generation (a zombie's retry committed twice).
-            return self.book.fencing_commits(self.commands)
+            sent.extend(await self.mode.run_due(stop, self.completion.step_s))
+            # In a transaction every partition's point, moved or not: a retry behind an
+            # older command still scheduled moves none, and a transaction without
+            # offsets is checked against no group generation (a zombie's retry
+            # committed twice).
+            return self.completion.step_offsets(self.book, self.commands)
 
         async with self.loop.lock:
             try:
-                committed = await self.commits.transaction(step(), group_member(self.commands))
+                committed = await self.completion.complete(step(), group_member(self.commands))
             except StepAborted:
                 await self._read_again()
                 return
-            self.book.committed(committed)
+            if committed is not None:
+                self.book.committed(committed)
             # Under the lock: a revoke waits for the notes. A command's offset may stay
             # uncommitted (an older command's retry still scheduled): the partition's
             # next owner replays it, and before its note it redoes the retry (a way the
@@ -180,13 +179,10 @@ class FailureLoop:
             await self.mode.noted_done(sent)
 
     async def _read_again(self) -> None:
-        """A transaction aborted: its copies are not visible and no offset moved. Every
-        scheduled effect is dropped and each command partition read again from its
-        commit, which hands over again (the same command: redone) and reschedules."""
-        self.metrics.transactions_aborted.labels("failures").inc()
-        self.forget(self.commands.assignment())
-        self.loop.guard.revoked()  # a batch fetched before this is stale
-        await read_again_from_commits(self.commands)
+        """A transaction aborted (`ConsumerLoop.read_again`): every scheduled effect is
+        dropped, and reading each command partition again from its commit hands over
+        again (the same command: redone) and reschedules."""
+        await self.loop.read_again(self.forget)
 
     async def take(self, fetched: Fetched) -> set[TopicPartition]:
         """Act on each partition's commands; one that waits for a majority reads its
@@ -207,7 +203,7 @@ class FailureLoop:
         """Commit up to the oldest command whose effect is still scheduled; after a
         rewind, wait `backoff_initial` before reading the undecided command again."""
         offsets = self.book.due_commits(self.commands)
-        if offsets and await self.commits.commit(offsets):
+        if offsets and await self.completion.commit(offsets):
             self.book.committed(offsets)
         if self._rewound:
             self._rewound = False

@@ -12,7 +12,8 @@ compacted away, its offset is past the end, its partition does not exist); a
 broker that does not answer in time raises `RawFetchError` and the retry is
 rescheduled with backoff, its command still holding the partition's commits back.
 
-With `[kafka] exactly_once` (`transactional`), the failure loop runs the due retries
+With `[kafka] exactly_once` (a completion whose copies are not out on their
+acknowledgement, `Completion.out_on_ack`), the failure loop runs the due retries
 and dead letters in a transaction with the command offsets they complete
 (gateway/failures/loop.py): a crash before it commits leaves no copy a
 `read_committed` reader sees, and the commands are read again. Their effects are
@@ -53,10 +54,10 @@ from gateway.failures.loop import (
     stale,
     undecided,
 )
+from gateway.kafka.completion import Completion
 from gateway.kafka.due import DueQueue
 from gateway.kafka.offsets import OffsetBook
 from gateway.kafka.read_back import Absent, RawFetcher
-from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.backoff import backoff_delay
@@ -96,17 +97,18 @@ class Retries:
         self,
         settings: Settings,
         quorum: Quorum,
-        sink: Sink,
+        completion: Completion,
         metrics: Metrics,
         fetcher: RawFetcher,
         book: OffsetBook[CommandPartition],
-        transactional: bool = False,
     ) -> None:
         self.settings = settings
-        self.transactional = transactional
+        # A copy out once acknowledged is noted done at once; one in a transaction only
+        # after its commit (`noted_done`).
+        self.note_on_ack = completion.out_on_ack
         self.failures = settings.failures
         self.quorum = quorum
-        self.sink = sink
+        self.sink = completion.sink
         self.metrics = metrics
         self.fetcher = fetcher
         self.book = book
@@ -160,7 +162,7 @@ class Retries:
     async def run_due(self, stop: asyncio.Event, budget_s: float | None = None) -> list[Command]:
         """Send the retries and dead letters whose time has come, for at most `budget_s`
         (one transaction's share); the commands whose copy the broker acknowledged and
-        that are not noted done yet (`transactional`)."""
+        that are not noted done yet (in a transaction: `note_on_ack` false)."""
         sent: list[Command] = []
         until = None if budget_s is None else time.monotonic() + budget_s
         while not stop.is_set() and (until is None or time.monotonic() < until):
@@ -170,10 +172,10 @@ class Retries:
                 continue
             try:
                 if await self._redo(due, self.fetcher):  # its copy is out
-                    if self.transactional:
-                        sent.append(due.command)  # noted done once the transaction commits
-                    else:
+                    if self.note_on_ack:
                         await self.noted_done([due.command])
+                    else:
+                        sent.append(due.command)  # noted done once the transaction commits
             except (RawFetchError, KafkaError) as exc:
                 if isinstance(exc, KafkaError) and not (
                     exc.retriable or isinstance(exc, KafkaTimeoutError)
@@ -185,7 +187,7 @@ class Retries:
         return sent
 
     async def noted_done(self, commands: list[Command]) -> None:
-        """Note in Redis that these commands' copies are out (see `transactional`), and
+        """Note in Redis that these commands' copies are out (see `note_on_ack`), and
         count them: a copy of a transaction that aborts is not counted (its command is
         redone)."""
         for cmd in commands:

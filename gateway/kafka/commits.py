@@ -1,19 +1,16 @@
-"""Every loop's one commit path: a plain commit, bounded and never cancelled, or
-(`[kafka] exactly_once`) the step and its offsets in one transaction
-(gateway/kafka/exactly_once.py)."""
+"""A loop's plain commit of its input offsets: bounded, never cancelled. A step's
+commit, plain or in its transaction, goes through its `Completion`
+(gateway/kafka/completion.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.contract.records import source_ref
-from gateway.kafka.exactly_once import Transactions
-from gateway.kafka.transactions import Member
 
 logger = logging.getLogger(__name__)
 
@@ -21,15 +18,11 @@ COMMIT_TIMEOUT_S = 5.0  # a commit the broker does not answer within it is left 
 
 
 class Commits:
-    """A loop's input offsets, committed plainly (`commit`) or in its step's
-    transaction (`transaction`, with `[kafka] exactly_once`)."""
+    """A loop's input offsets, committed plainly (`commit`)."""
 
-    def __init__(
-        self, consumer: AIOKafkaConsumer, what: str, transactions: Transactions | None = None
-    ) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, what: str) -> None:
         self.consumer = consumer
         self.what = what  # "raw", "delay tier", "failure-topic"
-        self.transactions = transactions
         self._under_way: asyncio.Future[None] | None = None
         self._left: dict[TopicPartition, int] = {}  # kept back by a commit under way
 
@@ -60,13 +53,6 @@ class Commits:
             )  # fmt: skip
             return False
         return _commit_done(self.what, where, task)
-
-    async def transaction(
-        self, step: Awaitable[dict[TopicPartition, int]], member: Member
-    ) -> dict[TopicPartition, int]:
-        """`step` and the offsets it returns in one transaction (`Transactions.run`)."""
-        assert self.transactions is not None
-        return await self.transactions.run(step, self.consumer, member)
 
 
 def _commit_done(what: str, where: dict[str, int], task: asyncio.Future[None]) -> bool:

@@ -2,12 +2,14 @@
 committed together, or neither (`[kafka] exactly_once`).
 
 The raw loop (gateway/raw/checkpoint.py), the delay loop (gateway/delay/loop.py) and,
-in retry mode, the failure loop (gateway/failures/loop.py) each hold a `Transactions`:
+in retry mode, the failure loop (gateway/failures/loop.py) each complete their steps
+through a `TransactionalCompletion` (gateway/kafka/completion.py) that holds a `Transactions`:
 their own transactional producer, under an id of their own
 (`<group_id>.<loop>.<group_instance_id or this process's own>`). A step that aborts
 (the group moved on, or the broker aborted it after `transaction_timeout`) wrote
 nothing a `read_committed` reader sees and moved no offset: `run` raises
-`StepAborted`, and the loop reads its partitions again from their committed offsets.
+`StepAborted`, and the loop reads its partitions again from their committed offsets
+(`ConsumerLoop.read_again`).
 
 Every transaction that writes copies commits input offsets with them, at the partitions'
 commit points whether they moved or not (`OffsetBook.fencing_commits`): their
@@ -61,14 +63,13 @@ async def read_again_from_commits(consumer: AIOKafkaConsumer) -> None:
 
 @dataclass
 class Transactions:
-    """A loop's transactional producer (started), how to build another, and who sends
-    through it (`use`, told of a new one). A fenced producer (the broker aborted its
-    transaction after `transaction_timeout` and bumped its epoch) is replaced."""
+    """A loop's transactional producer (started) and how to build another: a fenced
+    producer (the broker aborted its transaction after `transaction_timeout` and bumped
+    its epoch) is replaced, and `producer` is the new one."""
 
     what: str
     producer: TransactionalProducer
     build: Callable[[], TransactionalProducer]
-    use: Callable[[TransactionalProducer], None] | None = None
 
     async def run(
         self,
@@ -151,8 +152,6 @@ class Transactions:
                 await asyncio.sleep(wait_s)
                 wait_s = min(2 * wait_s, RENEW_MAX_WAIT_S)
         self.producer = new
-        if self.use is not None:
-            self.use(self.producer)
         logger.warning("%s: a new transactional producer under the same id goes on", self.what)
         await stop_within(old)
         # The fencing error ended the old producer's sender task and its transaction:

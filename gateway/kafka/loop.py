@@ -10,7 +10,10 @@ through `Salvage` (gateway/kafka/salvage.py) under the same lock instead, after 
 step settled what it holds (`Step.settle`: the salvage reads from the commits). At
 stop, or when a turn raises, `Step.drain`.
 
-Every loop commits through `Commits` (gateway/kafka/commits.py).
+Every loop completes its steps through a `Completion` (gateway/kafka/completion.py):
+a plain commit, or with `[kafka] exactly_once` one transaction per step. A step whose
+transaction aborted reads everything again from the commits: `read_again`, the one
+abort path of every loop.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from gateway.config import KafkaSettings
 from gateway.kafka.clients import unless_stopped
+from gateway.kafka.exactly_once import read_again_from_commits
 from gateway.kafka.rebalance import Rebalance, RevocationGuard
 from gateway.kafka.salvage import Fetched, Salvage
 from gateway.kafka.transactions import Member, group_member
@@ -115,6 +119,14 @@ class ConsumerLoop:
         """The rebalance listener: a revoke waits for a step in progress and lets the
         step settle what it holds (`Step.settle`), then `forget`."""
         return Rebalance(partitions, self.lock, self.guard, forget, self.step.settle, assigned)
+
+    async def read_again(self, forget: Callable[[set[TopicPartition]], None]) -> None:
+        """A step's transaction aborted: nothing it wrote is visible and no offset moved.
+        The step `forget`s what it holds of the assigned partitions, a batch fetched
+        before now is stale, and every partition reads again from its commit."""
+        forget(self.consumer.assignment())
+        self.guard.revoked()
+        await read_again_from_commits(self.consumer)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

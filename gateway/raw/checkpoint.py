@@ -5,11 +5,12 @@ At most one batch is being acknowledged while the next is voted on
 order. `drain` waits for the batch in hand: before the next one is handed
 over, before a rebalance moves partitions, and at stop.
 
-Exactly once (`[kafka] exactly_once`): a batch's copies and its raw offsets go in
-one Kafka transaction, begun before the first copy is sent and committed with the
-offsets (gateway/kafka/transactions.py). A transaction that aborts (the group moved
-on, or the broker aborted it after `transaction_timeout`) forwarded nothing a
-`read_committed` reader sees and committed no offset: `drain` raises `StepAborted`
+A batch completes through the raw loop's `Completion` (gateway/kafka/completion.py):
+its offsets committed once its copies are acknowledged or, with `[kafka]
+exactly_once`, its copies and its raw offsets in one Kafka transaction, begun before
+the first copy is sent. A transaction that aborts (the group moved on, or the broker
+aborted it after `transaction_timeout`) forwarded nothing a `read_committed` reader
+sees and committed no offset: `drain` raises `StepAborted`
 (gateway/kafka/exactly_once.py), and the raw loop reads every partition again from
 its committed offset. The marks its records claimed name them as owners, so the
 replay forwards them again.
@@ -20,20 +21,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from gateway import faults
-from gateway.kafka.commits import Commits
-from gateway.kafka.exactly_once import StepAborted, Transactions
+from gateway.kafka.completion import Completion
+from gateway.kafka.exactly_once import StepAborted
 from gateway.kafka.transactions import Member
 
 
 class Checkpoint:
-    def __init__(
-        self, consumer: AIOKafkaConsumer, transactions: Transactions | None = None
-    ) -> None:
-        self.consumer = consumer
-        self.commits = Commits(consumer, "raw", transactions)
+    def __init__(self, completion: Completion) -> None:
+        self.completion = completion
         self._finishing: asyncio.Task[None] | None = None  # the batch being acknowledged
 
     async def then(
@@ -53,10 +51,7 @@ class Checkpoint:
             if asyncio.iscoroutine(finish):
                 finish.close()
             raise
-        if self.commits.transactions is not None:
-            self._finishing = asyncio.create_task(self._transaction(finish, member))
-        else:
-            self._finishing = asyncio.create_task(self._commit_after(finish))
+        self._finishing = asyncio.create_task(self._complete(finish, member))
 
     async def drain(self) -> None:
         """Wait until the batch being acknowledged is committed (its errors surface here).
@@ -66,20 +61,11 @@ class Checkpoint:
             finishing, self._finishing = self._finishing, None
             await finishing
 
-    @property
-    def transactions(self) -> Transactions | None:
-        return self.commits.transactions
-
-    async def _commit_after(self, finish: Awaitable[dict[TopicPartition, int]]) -> None:
-        # A partition that moved on: its new owner replays from the last commit, and
-        # finds our marks owned by these same source records.
-        await self.commits.commit(await self._acked(finish))
-
-    async def _transaction(
-        self, finish: Awaitable[dict[TopicPartition, int]], member: Member
-    ) -> None:
-        """`finish` and the offsets it returns in one transaction, committed as `member`."""
-        await self.commits.transaction(self._acked(finish), member)
+    async def _complete(self, finish: Awaitable[dict[TopicPartition, int]], member: Member) -> None:
+        """`finish`, then the offsets it returns committed as `member` (a partition that
+        moved on meanwhile: its new owner replays from the last commit, and finds our
+        marks owned by these same source records)."""
+        await self.completion.complete(self._acked(finish), member)
 
     @staticmethod
     async def _acked(

@@ -35,7 +35,8 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from gateway.errors import BadRecord
-from gateway.kafka.exactly_once import StepAborted, Transactions, read_again_from_commits
+from gateway.kafka.completion import Completion
+from gateway.kafka.exactly_once import StepAborted
 from gateway.kafka.loop import Ask, ConsumerLoop
 from gateway.kafka.salvage import Fetched
 from gateway.metrics import Metrics
@@ -63,8 +64,8 @@ class RawSource:
         blocked: BlockedPartitions,
         metrics: Metrics,
         max_records: int,
+        completion: Completion,
         lanes: LaneScheduler | None = None,
-        transactions: Transactions | None = None,
     ) -> None:
         self.consumer = consumer
         self.pipeline = pipeline
@@ -72,7 +73,7 @@ class RawSource:
         self.lanes = lanes
         self.metrics = metrics
         self.max_records = max_records
-        self.checkpoint = Checkpoint(consumer, transactions)
+        self.checkpoint = Checkpoint(completion)
         self.claiming: Voting | None = None  # the batch whose ids are being claimed
         self.loop = ConsumerLoop(
             consumer, pipeline.settings.kafka, "raw", self,
@@ -102,15 +103,14 @@ class RawSource:
             await self._read_again()
 
     async def _read_again(self) -> None:
-        """A batch's transaction aborted: nothing it forwarded is visible and no offset
-        moved. Every assigned partition reads again from its committed offset; the
-        batch being claimed and any batch fetched meanwhile forward nothing (their
-        records come again)."""
+        """A batch's transaction aborted (`ConsumerLoop.read_again`): the batch being
+        claimed and any batch fetched meanwhile forward nothing (their records come
+        again); the blocks stay."""
+        await self.loop.read_again(self._drop_claiming)
+
+    def _drop_claiming(self, assigned: set[TopicPartition]) -> None:
         if self.claiming is not None:
             self.claiming.dropped.update(self.claiming.parts)
-        self.loop.guard.revoked()  # a batch fetched before this is stale
-        self.metrics.transactions_aborted.labels("raw").inc()
-        await read_again_from_commits(self.consumer)
 
     def _assigned(self) -> None:
         if self.lanes is not None:  # hold lanes before the first fetch brings them
@@ -157,10 +157,10 @@ class RawSource:
         """At stop: the batches in hand forwarded and committed."""
         async with self.loop.lock:
             await self.hand_over(None)
-            try:
+            # An aborted transaction (counted): nothing of it committed, the next reader
+            # replays it.
+            with contextlib.suppress(StepAborted):
                 await self.checkpoint.drain()
-            except StepAborted:  # nothing of it committed: the next reader replays it
-                self.metrics.transactions_aborted.labels("raw").inc()
 
     async def hand_over(self, voting: Voting | None) -> None:
         """Finish the vote on the batch being claimed and hand it to the checkpoint;

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from gateway.config import KafkaSettings, Settings
+from gateway.config import Settings
 from gateway.delay.coalescer import Coalescer
 from gateway.delay.leftovers import leftover_tiers, refuse_stranded_tiers
 from gateway.delay.loop import DelayLoop
@@ -34,11 +32,14 @@ from gateway.failures.retry import Retries
 from gateway.kafka.clients import (
     build_consumer,
     build_producer,
-    build_transactional_producer,
     stop_all_within,
     stop_within,
 )
-from gateway.kafka.exactly_once import Transactions
+from gateway.kafka.completion import (
+    Completions,
+    PlainCompletions,
+    TransactionalCompletions,
+)
 from gateway.kafka.offsets import OffsetBook
 from gateway.kafka.read_back import RawFetcher
 from gateway.kafka.sink import Sink
@@ -196,14 +197,17 @@ class Gateway:
         q, coalesce = self.quorum, settings.coalesce.enabled
         coalescer = Coalescer(settings, q.windows, q, metrics) if coalesce else None
         router = Router(settings, metrics) if settings.delay.enabled else None
-        exactly_once = await self._exactly_once(producer)
+        # How every loop's steps complete, decided once: plainly, or each in a
+        # transaction of the loop's own producer (gateway/kafka/completion.py).
+        plain = PlainCompletions(sink)
+        completions: Completions = (
+            TransactionalCompletions(kafka, metrics, stack, plain)
+            if await self._exactly_once(producer)
+            else plain
+        )
         delay = None
         if router is not None:  # before any record is routed to a tier topic
-            delay_txn = await self._in_transactions("delay", stack) if exactly_once else None
-            delay = await start_delay_loop(
-                settings, delay_txn[1] if delay_txn else sink, metrics, stack, coalescer,
-                delay_txn[0] if delay_txn else None,
-            )  # fmt: skip
+            delay = await start_delay_loop(settings, completions, metrics, stack, coalescer)
         else:  # records waiting in a tier would never be delivered: refuse
             await refuse_stranded_tiers(settings)
         consumers: list[AIOKafkaConsumer] = []  # stopped side by side: each may wait
@@ -216,17 +220,15 @@ class Gateway:
         )
         await consumer.start()
         consumers.append(consumer)
-        transactions, raw_sink = None, sink
-        if exactly_once:  # the raw loop's copies go in its own transactions
-            transactions, raw_sink = await self._in_transactions("raw", stack)
+        completion = await completions.for_loop("raw", consumer)
         pipeline = Pipeline(
-            settings, self.quorum, raw_sink, metrics, router=router, coalescer=coalescer,
+            settings, self.quorum, completion.sink, metrics, router=router, coalescer=coalescer,
             quarantine=self.quarantine,
         )  # fmt: skip
         lanes = LaneScheduler(self.settings, self.blocked, self.metrics)
         source = RawSource(
             consumer, pipeline, self.blocked, self.metrics, kafka.max_batch_records,
-            lanes if lanes.active else None, transactions,
+            completion, lanes if lanes.active else None,
         )  # fmt: skip
         consumer.subscribe(kafka.raw_topics, listener=source.listener())
         if lanes.active:  # the lanes' lag before the first fetch, so it takes the right lanes
@@ -238,13 +240,9 @@ class Gateway:
         raw_reader = build_consumer(kafka, None, auto_offset_reset="none")
         await raw_reader.start()
         consumers.append(raw_reader)
-        retry_txn = None  # retries and dead letters go in the failure loop's transactions
-        if exactly_once and settings.failures.mode == "retry":
-            retry_txn = await self._in_transactions("failures", stack)
-        failures = failure_loop(
-            settings, self.quorum, retry_txn[1] if retry_txn else sink, metrics, commands,
-            RawFetcher(raw_reader), retry_txn[0] if retry_txn else None,
-        )  # fmt: skip
+        failures = await failure_loop(
+            settings, self.quorum, completions, metrics, commands, RawFetcher(raw_reader)
+        )
         commands.subscribe([kafka.failure_topic], listener=failures.listener())
         self.source = source
         return Connected(source, failures, delay, lanes)
@@ -261,29 +259,6 @@ class Gateway:
             logger.warning("exactly_once = auto: at-least-once output, %s", why)
             return False
         return True
-
-    async def _in_transactions(
-        self, loop: str, stack: contextlib.AsyncExitStack
-    ) -> tuple[Transactions, Sink]:
-        """A loop's transactional producer (started) and the sink that writes through it
-        (gateway/kafka/exactly_once.py). Its id is stable with `group_instance_id`, so a
-        restart aborts what the killed process left open; else it is this process's."""
-        kafka = self.settings.kafka
-        txn_id = transactional_id(kafka, loop)
-        logger.info("exactly-once output: transactional id %s", txn_id)
-        build = functools.partial(build_transactional_producer, kafka, txn_id)
-        producer = build()
-        await producer.start()  # InitProducerId: aborts what an earlier holder of the id left
-        sink = Sink(producer, kafka, self.metrics)
-        transactions = Transactions(
-            loop, producer, build, functools.partial(setattr, sink, "producer")
-        )
-
-        async def stop_current() -> None:
-            await stop_within(transactions.producer)
-
-        stack.push_async_callback(stop_current)
-        return transactions, sink
 
     def partitions(self) -> set[TopicPartition]:
         """The raw partitions assigned to this gateway now."""
@@ -302,15 +277,14 @@ class Gateway:
 
 async def start_delay_loop(
     settings: Settings,
-    sink: Sink,
+    completions: Completions,
     metrics: Metrics,
     stack: contextlib.AsyncExitStack,
     closer: Coalescer | None = None,
-    transactions: Transactions | None = None,
 ) -> DelayLoop:
     """Join `<group_id>.delay` on the tier topics; ConfigError naming any that is missing.
     `closer` decides the close of coalesced records (gateway/delay/coalescer.py);
-    `transactions`: `sink` writes through its producer, each step in one transaction.
+    `completions`: how its steps complete (gateway/kafka/completion.py).
 
     Tier topics are never created here (the gateway creates no topic): a missing
     one is a deployment step left out, reported before any record is routed.
@@ -332,7 +306,8 @@ async def start_delay_loop(
             "(README, Scheduled delivery) or change [delay] tiers"
         )
     leftover = await leftover_tiers(consumer, settings, existing)
-    loop = DelayLoop(settings, consumer, sink, metrics, closer, leftover, transactions)
+    completion = await completions.for_loop("delay", consumer)
+    loop = DelayLoop(settings, consumer, completion, metrics, closer, leftover)
     consumer.subscribe([*topics, *sorted(leftover)], listener=loop.listener())
     logger.info("scheduled delivery: tiers %s, group %s.delay", ", ".join(topics), kafka.group_id)
     if leftover:
@@ -345,27 +320,23 @@ async def start_delay_loop(
     return loop
 
 
-def failure_loop(
+async def failure_loop(
     settings: Settings,
     quorum: Quorum,
-    sink: Sink,
+    completions: Completions,
     metrics: Metrics,
     commands: AIOKafkaConsumer,
     fetcher: RawFetcher,
-    transactions: Transactions | None = None,
 ) -> FailureLoop:
     """The failure loop on `commands`, its mode chosen once by `[failures] mode`
-    (gateway/failures/release.py or retry.py); `transactions`: retry mode's, with
-    `[kafka] exactly_once` (`sink` then writes through its producer)."""
+    (gateway/failures/release.py or retry.py): retries and dead letters complete through
+    `completions` (in transactions with `[kafka] exactly_once`); releases write nothing."""
     book: OffsetBook[CommandPartition] = OffsetBook(CommandPartition)
-    mode: FailureMode = (
-        Releases(quorum, metrics)
-        if settings.failures.mode == "release"
-        else Retries(settings, quorum, sink, metrics, fetcher, book, transactions is not None)
-    )
-    return FailureLoop(settings, mode, metrics, commands, book, transactions)
-
-
-def transactional_id(kafka: KafkaSettings, loop: str = "raw") -> str:
-    """`<group_id>.<loop>.<group_instance_id>`, or a name of this process's own."""
-    return f"{kafka.group_id}.{loop}.{kafka.group_instance_id or uuid.uuid4().hex}"
+    mode: FailureMode
+    if settings.failures.mode == "release":
+        completion = await completions.for_loop("failures", commands, writes=False)
+        mode = Releases(quorum, metrics)
+    else:
+        completion = await completions.for_loop("failures", commands)
+        mode = Retries(settings, quorum, completion, metrics, fetcher, book)
+    return FailureLoop(settings, mode, metrics, commands, book, completion)

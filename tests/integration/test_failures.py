@@ -28,6 +28,7 @@ from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.contract.tokens import mark_digest
 from gateway.kafka.clients import build_consumer, build_producer
+from gateway.kafka.completion import PlainCompletions
 from gateway.kafka.read_back import RawFetcher
 from gateway.kafka.sink import Sink
 from gateway.metrics import Metrics, total
@@ -285,9 +286,10 @@ async def test_a_raw_fetch_outlasting_its_deadline_is_retried_later_not_called_g
     for client in (producer, commands, raw_reader):
         await client.start()
     sink = Sink(producer, kafka, metrics)
-    loop = failure_loop(
-        settings, quorum, sink, metrics, commands, RawFetcher(raw_reader, deadline_s=0.5)
-    )
+    loop = await failure_loop(
+        settings, quorum, PlainCompletions(sink), metrics, commands,
+        RawFetcher(raw_reader, deadline_s=0.5),
+    )  # fmt: skip
     commands.subscribe([kafka.failure_topic], listener=loop.listener())
     stop = asyncio.Event()
     task = asyncio.create_task(loop.run(stop))

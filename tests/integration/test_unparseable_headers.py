@@ -30,6 +30,7 @@ from gateway.contract.records import H_DELIVER_AT, H_ID, H_TIER_AT
 from gateway.delay.coalescer import now_ms
 from gateway.kafka import salvage as salvage_module
 from gateway.kafka.clients import build_consumer, build_producer
+from gateway.kafka.completion import PlainCompletions
 from gateway.kafka.read_back import RawFetcher
 from gateway.kafka.salvage import EMPTY_WAIT_S, Fetched, Salvage
 from gateway.kafka.sink import Sink
@@ -156,7 +157,9 @@ async def test_a_revoke_while_reading_past_a_bad_command_waits_for_what_was_read
     await commands.start()
     # Its fetcher reads raw records back for due retries: none come due here.
     sink = Sink(producer, kafka, metrics)
-    loop = failure_loop(settings, quorum, sink, metrics, commands, RawFetcher(commands))
+    loop = await failure_loop(
+        settings, quorum, PlainCompletions(sink), metrics, commands, RawFetcher(commands)
+    )
     listener = loop.listener()
     commands.subscribe([kafka.failure_topic], listener=listener)
     try:

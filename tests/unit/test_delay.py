@@ -16,6 +16,7 @@ from gateway.delay.coalescer import now_ms
 from gateway.delay.loop import DelayLoop, _Partition
 from gateway.delay.router import Router
 from gateway.errors import BadRecord
+from gateway.kafka.completion import PlainCompletion
 from gateway.metrics import Metrics
 from gateway.rules.tiers import next_step_ms, pick_tier, requested_due, tier_label, tier_topics
 
@@ -261,7 +262,8 @@ def delay_loop(tp: TopicPartition) -> tuple[DelayLoop, _Consumer]:
         kafka={"clean_topic": "c"}, delay={"enabled": True, "tiers": ["1s", "4s", "16s"]}
     )
     consumer = _Consumer(tp)
-    return DelayLoop(settings, consumer, sink=None, metrics=Metrics()), consumer  # type: ignore[arg-type]
+    completion = PlainCompletion(consumer, "delay", sink=None)  # type: ignore[arg-type]
+    return DelayLoop(settings, consumer, completion, metrics=Metrics()), consumer  # type: ignore[arg-type]
 
 
 def test_a_full_memory_pauses_the_partition_at_the_first_record_not_held(monkeypatch):

@@ -210,7 +210,8 @@ def test_a_cycle_under_type_checking_is_seen(tmp_path: Path):
 STEPS_ONLY = ("raw", "delay", "failures")
 STEPS_ONLY_EXCEPT = {"gateway.delay.scan"}
 OWN_LOOP_TEXT = ("getmany(", "except UnicodeDecodeError")
-# Kafka calls that commit; `self.commits.commit(...)` is the shared path (kafka/commits.py).
+# Kafka calls that commit; `self.commits.commit(...)` and `self.completion.commit(...)`
+# are the shared paths (kafka/commits.py, kafka/completion.py).
 COMMIT_CALLS = {"commit", "commit_transaction", "send_offsets_to_transaction", "begin_transaction"}
 
 
@@ -230,7 +231,8 @@ def own_loop_parts(path: Path) -> list[str]:
             and isinstance(node.func, ast.Attribute)
             and node.func.attr in COMMIT_CALLS
             and not (
-                isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "commits"
+                isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr in ("commits", "completion")
             )
         ):
             found.append(f"{node.lineno}: .{node.func.attr}(")
@@ -261,3 +263,45 @@ def test_a_loop_of_its_own_is_seen(tmp_path: Path):
     assert own_loop_parts(probe) == [
         "3: getmany(", "4: except UnicodeDecodeError", "7: .commit(", "8: def _commit",
     ]  # fmt: skip
+
+
+# Exactly-once is a completion class chosen once (gateway/kafka/completion.py, picked in
+# service/app.py): no other module reads `[kafka] exactly_once`, holds a `Transactions`
+# or asks which completion it has. `check-config --connect` reports the setting.
+EXACTLY_ONCE_DECIDED_IN = {
+    "gateway.kafka.completion", "gateway.kafka.exactly_once", "gateway.service.app",
+    "gateway.ops.check_kafka", "gateway.config",
+}  # fmt: skip
+OUTPUT_MODE_NAMES = {"exactly_once", "Transactions", "PlainCompletion", "TransactionalCompletion"}
+
+
+def output_mode_checks(path: Path) -> list[str]:
+    """Where `path` reads the output mode, as (line: name)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = (
+            node.attr if isinstance(node, ast.Attribute)
+            else node.id if isinstance(node, ast.Name)
+            else node.name if isinstance(node, ast.alias)
+            else None
+        )  # fmt: skip
+        if name in OUTPUT_MODE_NAMES:
+            found.append(f"{getattr(node, 'lineno', 0)}: {name}")
+    return found
+
+
+def test_no_loop_asks_whether_exactly_once_is_on():
+    checked = [(m, p) for m, p in MODULES
+               if m not in EXACTLY_ONCE_DECIDED_IN and unit_of(m) != "settings"]  # fmt: skip
+    found = {m: output_mode_checks(p) for m, p in checked}
+    assert {m: names for m, names in found.items() if names} == {}
+
+
+def test_an_output_mode_check_is_seen(tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from gateway.kafka.exactly_once import Transactions\n"
+        "if settings.kafka.exactly_once == 'on':\n"
+        "    pass\n"
+    )
+    assert output_mode_checks(probe) == ["1: Transactions", "2: exactly_once"]
