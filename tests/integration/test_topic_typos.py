@@ -32,7 +32,7 @@ async def _readyz(port: int) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def _listed(broker: str) -> set[str]:
+async def listed_topics(broker: str) -> set[str]:
     admin = AIOKafkaAdminClient(bootstrap_servers=broker)
     await admin.start()
     try:
@@ -93,9 +93,9 @@ async def test_a_mistyped_topic_is_never_created_and_holds_readyz_at_503_naming_
         # Some more metadata refreshes and fetch rounds: still missing, still unready.
         for _ in range(10):
             assert (await _readyz(gateway.health.port))[0] == 503
-            assert typo not in await _listed(broker)
+            assert typo not in await listed_topics(broker)
         assert gateway.source is None  # no consumer subscribed, no record read
-    assert typo not in await _listed(broker)
+    assert typo not in await listed_topics(broker)
     assert not await clean_ids(broker, topics.clean, committed=False)  # none forwarded
     assert [r.getMessage() for r in caplog.records if typo in r.getMessage()][:1] == [
         f"{line}; not ready, checking again every 1s (next report in 2s)"
@@ -116,7 +116,7 @@ async def test_a_missing_topic_created_while_the_gateway_waits_makes_it_ready_by
         while body.strip() == "starting":  # before the topics are checked
             body = await _until_readyz(gateway, 503)
         assert body.startswith(f"raw topic {late!r} does not exist"), body
-        assert late not in await _listed(broker)
+        assert late not in await listed_topics(broker)
         await create_topics(broker, {late: 1})
         body = await _until_readyz(gateway, 200)
         assert body == "ready\n"

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from devtools.topics import create_topics
 from tests.integration.spark.session import Clean, produce, source_token
+from tests.integration.test_topic_typos import listed_topics
 
 pytestmark = [pytest.mark.spark]
 
@@ -70,15 +70,6 @@ def job_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("spark_sink: ")]
 
 
-async def topic_names(broker: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
 def test_a_mistyped_clean_topic_is_one_line_with_the_nearest_name_and_never_created(
     broker: str, names: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -93,7 +84,7 @@ def test_a_mistyped_clean_topic_is_one_line_with_the_nearest_name_and_never_crea
         f'spark_sink: kafka.clean_topic = "{typo}": the topic does not exist (did you mean '
         f"'{clean}'?); create it: dedup-gateway topics --create --config {config}"
     ], err
-    assert typo not in asyncio.run(topic_names(broker)), "the job created the mistyped topic"
+    assert typo not in asyncio.run(listed_topics(broker)), "the job created the mistyped topic"
 
 
 def test_a_missing_failure_topic_is_named_too_before_the_session_starts(
@@ -108,7 +99,7 @@ def test_a_missing_failure_topic_is_named_too_before_the_session_starts(
     (line,) = job_lines(err)
     assert line.startswith(f'spark_sink: kafka.failure_topic = "{failures}": the topic does')
     assert "Spark" not in err, "it stops before a Spark session starts"
-    assert failures not in asyncio.run(topic_names(broker))
+    assert failures not in asyncio.run(listed_topics(broker))
 
 
 def test_a_checkpoint_dir_that_is_a_file_is_one_line_naming_the_setting(
