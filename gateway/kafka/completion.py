@@ -64,7 +64,16 @@ class Completion(Protocol):
         """A plain commit of offsets no copy goes with (`Commits.commit`)."""
 
 
-class PlainCompletion:
+class _PlainCommits:
+    """What both completions share: offsets no copy goes with, committed plainly."""
+
+    commits: Commits
+
+    async def commit(self, offsets: Offsets) -> bool:
+        return await self.commits.commit(offsets)
+
+
+class PlainCompletion(_PlainCommits):
     """At-least-once: the step's copies go through the shared sink; its offsets are
     committed once they are acknowledged (bounded, never cancelled: `Commits`)."""
 
@@ -83,11 +92,8 @@ class PlainCompletion:
         offsets = await step
         return offsets if await self.commits.commit(offsets) else None
 
-    async def commit(self, offsets: Offsets) -> bool:
-        return await self.commits.commit(offsets)
 
-
-class TransactionalCompletion:
+class TransactionalCompletion(_PlainCommits):
     """Exactly-once: the step's copies and its offsets in one transaction of the loop's
     own transactional producer (`Transactions.run`); `sink` writes through it, the new
     one when a fenced producer was replaced."""
@@ -122,9 +128,6 @@ class TransactionalCompletion:
             raise
         finally:
             self.sink.producer = self.transactions.producer  # renewed after a fence
-
-    async def commit(self, offsets: Offsets) -> bool:
-        return await self.commits.commit(offsets)
 
 
 class Completions(Protocol):

@@ -35,7 +35,7 @@ from tests.deployment.test_kubernetes import (
     validate,
     with_runbook_base,
 )
-from tests.integration.test_first_hour import bounded
+from tests.integration.test_first_hour import bounded, write_config
 
 CHART = DEPLOY / "helm" / "dedup-gateway"
 MY_RUNBOOKS = "https://git.example.org/acme/dedup-gateway/blob/v0.1.0"
@@ -562,19 +562,10 @@ def test_the_hooks_command_passes_on_a_ready_install_and_fails_on_a_missing_topi
     servers = redis_servers(1)
     bounded(servers)  # no maxmemory warning: a warning fails `helm test` too (exit 1)
     prefix = names("hook")
-    config_toml = "\n".join([
-        "[kafka]",
-        f'bootstrap_servers = "{broker}"',
-        f'raw_topics = ["{prefix}-raw"]',
-        f'clean_topic = "{prefix}-clean"',
-        f'failure_topic = "{prefix}-failures"',
-        f'quarantine_topic = "{prefix}-quarantine"',
-        f'dead_letter_topic = "{prefix}-dead"',
-        f'group_id = "{prefix}-group"',
-        "[redis]",
-        "nodes = [" + ", ".join(f'"{n}"' for n in redis_urls(servers)) + "]",
-        "",
-    ])  # fmt: skip
+    # Two lanes, their clean topics, failures, quarantine, dead letters (no delay tiers).
+    config_toml = write_config(
+        tmp_path / "given.toml", broker, prefix, redis_urls(servers)
+    ).read_text()
     docs = render({"config": {"toml": config_toml}}, tmp=tmp_path, hooks=True)
     (configmap,) = [d for d in by_kind(docs, "ConfigMap") if "gateway.toml" in d["data"]]
     mounted = tmp_path / "gateway.toml"
