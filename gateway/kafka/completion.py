@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Counter
 
 from gateway.config import KafkaSettings
-from gateway.kafka.clients import build_transactional_producer, stop_within
+from gateway.kafka.clients import build_transactional_producer
 from gateway.kafka.commits import Commits
 from gateway.kafka.exactly_once import StepAborted, Transactions
 from gateway.kafka.offsets import OffsetBook
@@ -180,10 +180,7 @@ class TransactionalCompletions:
         await producer.start()  # InitProducerId: aborts what an earlier holder of the id left
         transactions = Transactions(loop, producer, build)
 
-        async def stop_current() -> None:
-            await stop_within(transactions.producer)
-
-        self.stack.push_async_callback(stop_current)
+        self.stack.push_async_callback(transactions.stop)
         return TransactionalCompletion(consumer, loop, transactions, self.kafka, self.metrics)
 
 

@@ -153,9 +153,28 @@ class Transactions:
                 wait_s = min(2 * wait_s, RENEW_MAX_WAIT_S)
         self.producer = new
         logger.warning("%s: a new transactional producer under the same id goes on", self.what)
-        await stop_within(old)
-        # The fencing error ended the old producer's sender task and its transaction:
-        # it was handled here, so both are marked seen (asyncio would log them).
-        for done in (old._sender.sender_task, old._txn_manager._transaction_waiter):
-            if done is not None and done.done() and not done.cancelled():
-                done.exception()
+        await retire(old)
+
+    async def stop(self) -> None:
+        """Stop the current producer (at shutdown; it may be one a fence ended)."""
+        await retire(self.producer)
+
+
+async def retire(producer: TransactionalProducer) -> None:
+    """Stop `producer` and mark seen the failures a fence left in it: it was handled by
+    whoever ran into it, and asyncio logs an unseen one as a traceback. A fence ends
+    the sender task, the transaction and every batch not yet sent; such a batch's drain
+    waiter is aiokafka's own, awaited by nobody (chaos seed 4: one traceback per
+    partition whose batch waited for AddPartitionsToTxn when a broker back from 20 s
+    away answered that the epoch was gone)."""
+    await stop_within(producer)
+    accumulator = producer._message_accumulator
+    batches = [*(b for queued in accumulator._batches.values() for b in queued)]
+    batches += accumulator._pending_batches
+    for done in (
+        producer._sender.sender_task,
+        producer._txn_manager._transaction_waiter,
+        *(batch._drain_waiter for batch in batches),
+    ):
+        if done is not None and done.done() and not done.cancelled():
+            done.exception()

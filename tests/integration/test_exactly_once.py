@@ -10,6 +10,7 @@ aborted transaction: the window was hit, not missed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from devtools.harness import (
     Topics,
@@ -34,8 +35,11 @@ from devtools.harness import (
 )
 from devtools.topics import committed_offsets, create_topics, read_topic, wait_committed
 from devtools.traffic import produce_traffic
+from gateway.config import Settings
 from gateway.contract.tokens import owner_token
 from gateway.faults import ENV as FAULT_ENV
+from gateway.kafka.clients import build_transactional_producer
+from gateway.kafka.exactly_once import StepAborted, Transactions
 from gateway.rules.tiers import tier_topics
 
 BATCH = 200
@@ -475,3 +479,42 @@ async def test_a_zombie_stalled_in_a_move_ahead_of_a_held_record_commits_nothing
     tokens = {dict(r.headers)["dedup-token"] for r in await read_topic(broker, topics.clean)
               if dict(r.headers)["dedup-id"] == b"d2"}  # fmt: skip
     assert len(tokens) == 1
+
+
+async def test_a_fence_met_by_batches_not_yet_sent_leaves_no_unseen_failure(broker, names):
+    """Batches waiting for AddPartitionsToTxn when the broker answers that the epoch is
+    gone (chaos seed 4: a broker back from 20 s away, past `transaction_timeout`) end
+    with aiokafka's sender, their drain waiters failed and awaited by nobody. The step
+    aborts, a new producer goes on, and no failure is left for asyncio to log as a
+    traceback (`_log_traceback`: failed and never retrieved)."""
+    await create_topics(broker, {names("clean"): 4})
+    kafka = Settings.model_validate({"kafka": {"bootstrap_servers": broker}}).kafka
+    build = functools.partial(build_transactional_producer, kafka, names("txn"))
+    fenced = build()
+    await fenced.start()
+    transactions = Transactions("raw", fenced, build)
+    waiters: list[asyncio.Future[None]] = []
+
+    async def step() -> dict[TopicPartition, int]:
+        usurper = build()
+        await usurper.start()  # InitProducerId under the same id: `fenced`'s epoch is gone
+        await usurper.stop()
+        futures = []
+        for partition in range(4):  # queued together, before the sender runs
+            batch = fenced.create_batch()
+            batch.append(key=None, value=b"x", timestamp=None)
+            futures.append(await fenced.send_batch(batch, names("clean"), partition=partition))
+        try:
+            await asyncio.gather(*futures)
+        finally:
+            queued = fenced._message_accumulator._batches.values()
+            waiters.extend(batch._drain_waiter for batches in queued for batch in batches)
+        return {}
+
+    with pytest.raises(StepAborted):
+        await transactions.run(step(), None, (0, "m"))  # type: ignore[arg-type]
+    assert transactions.producer is not fenced
+    await transactions.stop()
+    assert waiters, "no batch waited for AddPartitionsToTxn: the fence came elsewhere"
+    assert all(w.done() for w in waiters)
+    assert not [w for w in waiters if w._log_traceback]

@@ -111,6 +111,7 @@ async def test_a_new_producer_that_does_not_start_is_tried_again(caplog) -> None
         def __init__(self) -> None:
             self._sender = SimpleNamespace(sender_task=None)
             self._txn_manager = SimpleNamespace(_transaction_waiter=None)
+            self._message_accumulator = SimpleNamespace(_batches={}, _pending_batches=set())
 
         async def start(self) -> None:
             started.append(self)
