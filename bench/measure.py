@@ -56,6 +56,7 @@ from gateway.config import RedisSettings, Settings, load_settings, parse_duratio
 from gateway.kafka.completion import PlainCompletion, TransactionalCompletion
 from gateway.metrics import Metrics
 from gateway.quorum.scripts import SLICES_BACK
+from gateway.raw.pipeline import Ready
 from gateway.service.app import Gateway
 
 REPO = Path(__file__).resolve().parents[1]
@@ -374,10 +375,10 @@ class BatchWatch:
         commits = completion.commits
         commit, finish = commits.commit, source.pipeline.finish
 
-        async def forwarding(decided: Any) -> dict[TopicPartition, int]:
+        async def forwarding(ready: Ready) -> dict[TopicPartition, int]:
             began = time.perf_counter()
             try:
-                return await finish(decided)
+                return await finish(ready)
             finally:
                 self.forwards += 1
                 self.forward_s += time.perf_counter() - began

@@ -183,10 +183,10 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 async def _topics_on_broker(args: argparse.Namespace, settings: Settings, specs: list[Any]) -> int:
+    from gateway.kafka.admin import admin_client, reaching_broker
     from gateway.ops import topics
-    from gateway.ops.broker import reaching_broker
 
-    admin = topics.admin_client(settings.kafka)
+    admin = admin_client(settings.kafka)
     try:
         async with reaching_broker(settings.kafka, verbose=args.verbose):
             await admin.start()

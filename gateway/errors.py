@@ -2,7 +2,7 @@
 
 - `ConfigError`: a setting to fix; start-up stops with one line naming it.
 - `BrokerUnreachable`: an operator command could not connect to the broker; one line
-  naming `[kafka] bootstrap_servers`, exit code 3 (gateway/ops/broker.py).
+  naming `[kafka] bootstrap_servers`, exit code 3 (gateway/kafka/admin.py).
 - `BadRecord`: a raw record the gateway cannot judge; it goes to quarantine.
 - `InvalidCommand`: a failure-topic command that cannot be acted on; skipped.
 

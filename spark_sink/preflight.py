@@ -32,10 +32,8 @@ from redis.retry import Retry
 
 from gateway.config import ConfigError
 from gateway.errors import BrokerUnreachable, GatewayError
-from gateway.kafka.transactions import transactions_unsupported
+from gateway.kafka.admin import admin_client, reaching_broker, transactions_unsupported
 from gateway.member_urls import masked
-from gateway.ops.broker import reaching_broker
-from gateway.ops.topics import admin_client
 from gateway.rules.missing_topics import create_hint, did_you_mean
 from spark_sink.config import DEDUP_REDIS_KEY_PREFIX as KEY_PREFIX
 from spark_sink.config import DEDUP_REDIS_SETTING as SETTING

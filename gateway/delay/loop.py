@@ -53,7 +53,6 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
@@ -310,7 +309,7 @@ class DelayLoop:
         stepped: list[Held],
     ) -> None:
         """Send the step's copies, wait for the acknowledgements, mark them moved."""
-        await asyncio.gather(*(self._deliver(topic, recs) for topic, recs in moves.items()))
+        await asyncio.gather(*(self.sink.deliver(topic, recs) for topic, recs in moves.items()))
         acked = now_ms()
         for held in to_clean:
             self.metrics.delay_lateness.observe((acked - held.due_ms) / 1000)
@@ -324,10 +323,6 @@ class DelayLoop:
             part = self.book.parts.get(TopicPartition(held.record.topic, held.record.partition))
             if part is not None:
                 part.moved.add(held.record.offset)
-
-    async def _deliver(self, topic: str, records: Sequence[OutRecord]) -> None:
-        futures: list[asyncio.Future[Any]] = await self.sink.send(topic, records)
-        await asyncio.gather(*futures)
 
     def _report(self) -> None:
         """Held records, and the backlog per tier (`waiting`)."""

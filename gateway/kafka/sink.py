@@ -153,6 +153,15 @@ class Sink:
                 at = end
         return prepared
 
+    async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:
+        """Send `records` and wait for the broker's acknowledgement of every one."""
+        if records:
+            await asyncio.gather(*await self.send(topic, records))
+
+    async def shipped(self, prepared: Prepared) -> None:
+        """`ship`, then wait for the broker's acknowledgements."""
+        await asyncio.gather(*await self.ship(prepared))
+
     async def ship(self, prepared: Prepared) -> list[asyncio.Future[Any]]:
         """Send what `prepare` built; a record the broker would refuse goes to the
         quarantine topic instead. One delivery future per produced batch."""

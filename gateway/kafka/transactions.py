@@ -31,7 +31,6 @@ from typing import Any
 import aiokafka.consumer.consumer
 import aiokafka.errors as Errors
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.client import AIOKafkaClient
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError
 from aiokafka.producer.sender import CoordinationType, EndTxnHandler, TxnOffsetCommitHandler
@@ -406,23 +405,3 @@ def install_stable_offset_fetch() -> None:
     aiokafka builds its coordinator in `AIOKafkaConsumer.start()` from the name in its
     module; a consumer of a group no transaction writes to behaves as before."""
     aiokafka.consumer.consumer.GroupCoordinator = StableOffsetsCoordinator
-
-
-# --- what the broker supports --------------------------------------------------------
-
-INIT_PRODUCER_ID, TXN_OFFSET_COMMIT, OFFSET_FETCH = 22, 28, 9
-
-
-async def transactions_unsupported(client: AIOKafkaClient) -> str | None:
-    """Why the broker cannot give exactly-once output, or None when it can: it must
-    know transactions (InitProducerId), TxnOffsetCommit v3 and OffsetFetch v7.
-    `client`: a started client's (a producer's `client`, an admin's `_client`)."""
-    brokers = sorted(broker.nodeId for broker in client.cluster.brokers())
-    if not brokers:
-        return "no broker in the cluster metadata"
-    versions: dict[int, tuple[int, int]] = (await client._get_conn(brokers[0]))._versions
-    needs = {INIT_PRODUCER_ID: (0, "transactions"), TXN_OFFSET_COMMIT: (3, "TxnOffsetCommit v3"),
-             OFFSET_FETCH: (7, "OffsetFetch v7")}  # fmt: skip
-    missing = [what for key, (least, what) in needs.items()
-               if key not in versions or versions[key][1] < least]  # fmt: skip
-    return f"the broker lacks {', '.join(missing)} (Kafka 2.5+ has them)" if missing else None

@@ -19,11 +19,10 @@ from aiokafka.errors import KafkaError
 from gateway.config import Settings
 from gateway.delay.leftovers import read_clean_topics, tier_of, unnamed_tiers
 from gateway.errors import BrokerUnreachable
-from gateway.kafka.transactions import transactions_unsupported
-from gateway.ops.broker import reaching_broker
+from gateway.kafka.admin import admin_client, reaching_broker, transactions_unsupported
 from gateway.ops.check_ids import id_findings
 from gateway.ops.findings import Finding, error, ok, warn
-from gateway.ops.topics import TopicSpec, admin_client, existing_topics, needed_topics
+from gateway.ops.topics import TopicSpec, existing_topics, needed_topics
 from gateway.rules.missing_topics import create_hint, did_you_mean
 
 

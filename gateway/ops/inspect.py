@@ -10,7 +10,7 @@ from gateway.contract.records import source_ref
 from gateway.contract.tokens import is_released, mark_digest
 from gateway.delay.scan import Scan, find_waiting
 from gateway.errors import BrokerUnreachable
-from gateway.ops.broker import reaching_broker
+from gateway.kafka.admin import reaching_broker
 from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import (
     Output,

@@ -12,8 +12,8 @@ from gateway.contract.records import H_ID, H_SOURCE, PREFIX, Record, parse_sourc
 from gateway.contract.replies import RELEASED
 from gateway.contract.tokens import dead_token, mark_digest
 from gateway.errors import BrokerUnreachable
+from gateway.kafka.admin import reaching_broker
 from gateway.kafka.clients import build_consumer, build_producer, partitions_of
-from gateway.ops.broker import reaching_broker
 from gateway.ops.command_quorum import command_quorum
 from gateway.ops.output import Output, id_fields, print_json
 from gateway.ops.release import would_release

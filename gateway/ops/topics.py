@@ -20,8 +20,7 @@ from datetime import timedelta
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from gateway.config import KafkaSettings, Settings, format_duration
-from gateway.kafka.clients import aiokafka_options
+from gateway.config import Settings, format_duration
 from gateway.rules.tiers import tier_topic
 
 logger = logging.getLogger(__name__)
@@ -172,12 +171,6 @@ def as_json(specs: list[TopicSpec], existing: dict[str, int] | None) -> list[dic
             row["broker_partitions"] = existing.get(spec.name)
         out.append(row)
     return out
-
-
-def admin_client(kafka: KafkaSettings) -> AIOKafkaAdminClient:
-    options = aiokafka_options(kafka)
-    # The admin client takes the connection options only (no producer/consumer ones).
-    return AIOKafkaAdminClient(**options)
 
 
 async def existing_topics(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

@@ -13,34 +13,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Protocol, cast
 
 from aiokafka import TopicPartition
 
 from gateway.config import Settings
-from gateway.contract.records import (
-    OutRecord,
-    OutRow,
-    Record,
-    quarantine_record,
-)
+from gateway.contract.records import OutRecord, Record, quarantine_record
 from gateway.contract.tokens import mark_digests, owner_tokens
-from gateway.delay.coalescer import Coalescer
-from gateway.delay.router import Router
 from gateway.errors import BadRecord
 from gateway.kafka.sink import Sink
 from gateway.kafka.transactions import Member
 from gateway.metrics import Metrics
-from gateway.quorum.quorum import Quorum
 from gateway.raw.quarantine import QuarantineWatch
+from gateway.raw.routes import Direct, Routes, Send
 from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
 from gateway.rules.ids import build_extractor
 from gateway.rules.lanes import lane_headers
-from gateway.rules.vote import Outcome, tally
+from gateway.rules.vote import Outcome, Reply, tally
 
 logger = logging.getLogger(__name__)
+
+
+class Voter(Protocol):
+    """What the pipeline asks of the quorum (gateway/quorum/quorum.py, `Quorum`)."""
+
+    majority: int  # how many members' answers decide
+
+    def counted(self) -> list[bool]:
+        """Per member, whether its answers count."""
+
+    async def claim(self, digests: Sequence[bytes], owners: Sequence[str]) -> list[list[Reply]]:
+        """Per member, its reply for each digest (None: no answer)."""
+
+    async def settle(
+        self,
+        repairs: Sequence[list[tuple[bytes, str, str]]],
+        fills: Sequence[Iterable[tuple[bytes, str, str]]],
+    ) -> bool:
+        """Repair and fill after a vote; False: the batch must be tried again."""
+
+
+@dataclass
+class Ready:
+    """A decided batch and how its copies go out (`Routes.ready`)."""
+
+    decided: Decided
+    send: Send
 
 
 @dataclass
@@ -63,19 +83,19 @@ class Voting:
 
 
 class Pipeline:
-    """`router` (scheduled delivery) and `coalescer` (coalescing windows) are given when
-    those features are on (gateway/service/app.py builds them); None: off. `quarantine`:
-    the gateway's watch over what is quarantined (gateway/raw/quarantine.py)."""
+    """`routes`: where decided-new copies go (gateway/raw/routes.py; the composition
+    root gives scheduled delivery's when `[delay]` is on), straight to the clean topics
+    by default. `quarantine`: the gateway's watch over what is quarantined
+    (gateway/raw/quarantine.py)."""
 
     def __init__(
         self,
         settings: Settings,
-        quorum: Quorum,
+        quorum: Voter,
         sink: Sink,
         metrics: Metrics,
         *,
-        router: Router | None = None,
-        coalescer: Coalescer | None = None,
+        routes: Routes | None = None,
         quarantine: QuarantineWatch | None = None,
     ) -> None:
         self.settings = settings
@@ -84,9 +104,12 @@ class Pipeline:
         self.metrics = metrics
         # Logs what is quarantined (rate-limited), and tells a wrong `[dedup] id`.
         self.quarantine = quarantine or QuarantineWatch(settings, metrics)
-        self.extract: Callable[[Record], bytes]
-        self.extract = build_extractor(
-            settings.dedup.id, settings.dedup.max_id_bytes, settings.kafka.max_request_bytes
+        self.routes = routes or Direct(sink, settings.kafka.clean_topic)
+        # A record the route cannot carry (bad delay headers, no coalesce key) is bad input.
+        self.extract: Callable[[Record], bytes] = self.routes.checked(
+            build_extractor(
+                settings.dedup.id, settings.dedup.max_id_bytes, settings.kafka.max_request_bytes
+            )
         )
         self.policy: Policy = settings.dedup.on_no_quorum
         # Priority lanes (gateway/raw/lanes.py): per raw topic, its lane's header and clean topic.
@@ -96,16 +119,8 @@ class Pipeline:
             for topic in settings.kafka.raw_topics
             if settings.clean_topic_of(topic) != settings.kafka.clean_topic
         }
-        # Scheduled delivery (gateway/delay/loop.py): bad delay headers are bad input.
-        self.delay = router
-        if self.delay is not None:
-            self.extract = self.delay.checked(self.extract)
-        # Coalescing windows (gateway/delay/coalescer.py): a record without a key is bad input.
-        self.coalesce = coalescer
-        if self.coalesce is not None:
-            self.extract = self.coalesce.checked(self.extract)
 
-    async def decide(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> Decided:
+    async def decide(self, batch: Mapping[TopicPartition, Sequence[Record]]) -> Ready:
         """Extract ids, claim and vote, classify. Forwards nothing yet (see `finish`)."""
         return await self.end(self.begin(batch))
 
@@ -134,7 +149,7 @@ class Pipeline:
                         owners.append(token)
         return Voting(parts, asyncio.ensure_future(self.vote(claim_ids, owners)))
 
-    async def end(self, voting: Voting) -> Decided:
+    async def end(self, voting: Voting) -> Ready:
         """The vote's outcomes, classified; the partitions in `voting.dropped` are left out."""
         waited = time.perf_counter()
         outcomes = await voting.outcomes
@@ -163,21 +178,7 @@ class Pipeline:
         if not retry:  # a retry is not the vote's doing: behind.py logged why
             for action, count in decided.undecided.items():
                 self.metrics.undecided.labels(action).inc(count)
-        if self.delay is None:  # (coalescing needs it too) what to forward is known now
-            await self._prepare(decided)
-        return decided
-
-    async def _prepare(self, decided: Decided) -> None:
-        """Build the clean copies' produce batches now, while their records are in the
-        CPU's cache, and let the copies go (gateway/kafka/sink.py, `Sink.prepare`); they are
-        sent in `finish`, in fetch order as always."""
-        targets = [(self.settings.kafka.clean_topic, decided.forward), *decided.forward_to.items()]
-        for topic, rows in targets:
-            if rows:
-                decided.prepared.append(await self.sink.prepare(topic, rows))
-                decided.prepared_records += len(rows)
-                decided.prepared_timestamps += [r[2] for r in rows]
-        decided.forward, decided.forward_to = [], {}
+        return Ready(decided, await self.routes.ready(decided.forward, decided.forward_to))
 
     def _ids(self, records: Sequence[Record]) -> tuple[list[bytes | BadRecord], int]:
         """Each record's id, or the BadRecord saying why it has none; and how many have none."""
@@ -192,37 +193,16 @@ class Pipeline:
                     ids.append(exc)
             return ids, sum(isinstance(i, BadRecord) for i in ids)
 
-    async def finish(self, decided: Decided) -> dict[TopicPartition, int]:
-        """Forward a decided batch, wait for the broker's acknowledgements; the offsets
-        to commit."""
-        # Records not yet due go to a delay tier instead (gateway/delay/loop.py); with
-        # coalescing, every one waits there for its window's close (gateway/delay/coalescer.py).
-        if self.coalesce is not None and self.delay is not None:
-            updated = await self.coalesce.update(decided.forward)
-            forward, delayed = self.delay.route(
-                [row for row, _ in updated], [close for _, close in updated]
-            )
-        elif self.delay is not None:
-            forward, delayed = self.delay.route(decided.forward)
-        else:
-            forward, delayed = decided.forward, {}
-        await asyncio.gather(
-            self.deliver(self.settings.kafka.clean_topic, forward),
-            *(self.deliver(tier, records) for tier, records in delayed.items()),
-            *(self.deliver(topic, records) for topic, records in decided.forward_to.items()),
-            *(self._acknowledged(self.sink.ship(prepared)) for prepared in decided.prepared),
-        )
-        now_ms = time.time() * 1000
-        self.metrics.observe_forward_latency(now_ms, decided.prepared_timestamps)
-        self.metrics.observe_forward_latency(now_ms, [r[2] for r in forward])
-        for records in decided.forward_to.values():
-            self.metrics.observe_forward_latency(now_ms, [r[2] for r in records])
+    async def finish(self, ready: Ready) -> dict[TopicPartition, int]:
+        """Forward a decided batch (its route, `Routes.ready`), then quarantine what it
+        sets aside, waiting for the broker's acknowledgements; the offsets to commit."""
+        decided = ready.decided
+        reached = await ready.send()
+        self.metrics.observe_forward_latency(time.time() * 1000, reached)
         quarantine = [self._quarantined(rec, exc) for rec, exc in decided.quarantine]
-        await self.deliver(self.settings.kafka.quarantine_topic, quarantine)
+        await self.sink.deliver(self.settings.kafka.quarantine_topic, quarantine)
         self.metrics.forwarded.inc(
-            decided.prepared_records
-            + len(decided.forward)
-            + sum(map(len, decided.forward_to.values()))
+            len(decided.forward) + sum(map(len, decided.forward_to.values()))
         )
         self.metrics.duplicates.inc(decided.duplicates)
         return decided.commits
@@ -242,16 +222,6 @@ class Pipeline:
         if not await self.quorum.settle(voted.repairs, voted.fills):
             return [Outcome.RETRY] * len(ids)  # a stop would leave no trace of the fills
         return voted.outcomes
-
-    async def deliver(self, topic: str, records: Sequence[OutRow]) -> None:
-        """Produce and wait for the broker's acknowledgement of every record."""
-        if records:
-            await self._acknowledged(self.sink.send(topic, records))
-
-    @staticmethod
-    async def _acknowledged(sending: Awaitable[list[asyncio.Future[Any]]]) -> None:
-        """Wait for the broker's acknowledgement of every batch `sending` queues."""
-        await asyncio.gather(*await sending)
 
     def _quarantined(self, rec: Record, exc: BadRecord) -> OutRecord:
         self.metrics.quarantined.labels(exc.reason).inc()

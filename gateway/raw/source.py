@@ -43,8 +43,7 @@ from gateway.metrics import Metrics
 from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.checkpoint import Checkpoint
 from gateway.raw.lanes import LaneScheduler
-from gateway.raw.pipeline import Pipeline, Voting
-from gateway.rules.classify import Decided
+from gateway.raw.pipeline import Pipeline, Ready, Voting
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +168,8 @@ class RawSource:
         done, self.claiming = self.claiming, voting
         if done is None:
             return
-        decided = await self.pipeline.end(done)
+        ready = await self.pipeline.end(done)
+        decided = ready.decided
         # Block before the next fetch, so it brings nothing past a block; the batch
         # fetched before it leaves the blocked partitions out.
         fetched = done.fetched()
@@ -185,7 +185,7 @@ class RawSource:
             voting.dropped.update(decided.blocked)
         size = sum(len(done.parts[tp].records) for tp in fetched)
         try:
-            await self.checkpoint.then(self._finish(decided, done.started, size), done.member)
+            await self.checkpoint.then(self._finish(ready, done.started, size), done.member)
         except StepAborted:  # the batch before `done`: `done` is read again too
             await self._read_again()
 
@@ -200,7 +200,8 @@ class RawSource:
             for tp, records in fetched.records.items()
             if (good := [r for r in records if r.offset not in bad.get(tp, {})])
         }
-        decided = await self.pipeline.decide(batch) if batch else Decided()
+        ready = await self.pipeline.decide(batch)
+        decided = ready.decided
         for tp, records in fetched.records.items():
             # Under `block`, records from the blocked one on wait for the partition to resume.
             until = decided.blocked.get(tp)
@@ -216,16 +217,14 @@ class RawSource:
         self.blocked.update(self.consumer, decided.blocked, fetched.records.keys())
         size = sum(map(len, fetched.records.values()))
         try:
-            await self.checkpoint.then(self._finish(decided, started, size), fetched.member)
+            await self.checkpoint.then(self._finish(ready, started, size), fetched.member)
         except StepAborted:
             await self._read_again()
             return set(fetched.records)
         return set(decided.blocked)
 
-    async def _finish(
-        self, decided: Decided, started: float, size: int
-    ) -> dict[TopicPartition, int]:
-        commits = await self.pipeline.finish(decided)
+    async def _finish(self, ready: Ready, started: float, size: int) -> dict[TopicPartition, int]:
+        commits = await self.pipeline.finish(ready)
         self.batches += 1
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         self.metrics.batch_records.observe(size)

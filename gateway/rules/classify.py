@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
 from aiokafka import TopicPartition
 
@@ -18,9 +18,6 @@ from gateway.contract.records import (
 )
 from gateway.errors import BadRecord
 from gateway.rules.vote import Outcome
-
-if TYPE_CHECKING:  # only the type of the produce batches a Decided carries
-    from gateway.kafka.sink import Prepared
 
 Policy = Literal["block", "forward", "drop"]
 
@@ -49,11 +46,6 @@ class Decided:
     blocked: dict[TopicPartition, int] = field(default_factory=dict)  # rewind here, pause
     duplicates: int = 0
     undecided: dict[str, int] = field(default_factory=dict)  # by action taken
-    # Without scheduled delivery, `forward` and `forward_to` are built into produce
-    # batches as soon as the batch is decided (`Pipeline.end`), then emptied:
-    prepared: list[Prepared] = field(default_factory=list)
-    prepared_records: int = 0
-    prepared_timestamps: list[int | None] = field(default_factory=list)  # for the latency
 
 
 def classify(batch: Mapping[TopicPartition, PartitionBatch], policy: Policy) -> Decided:

@@ -25,10 +25,12 @@ from gateway.delay.coalescer import Coalescer
 from gateway.delay.leftovers import leftover_tiers, refuse_stranded_tiers
 from gateway.delay.loop import DelayLoop
 from gateway.delay.router import Router
+from gateway.delay.routes import Scheduled
 from gateway.errors import ConfigError
 from gateway.failures.loop import CommandPartition, FailureLoop, FailureMode
 from gateway.failures.release import Releases
 from gateway.failures.retry import Retries
+from gateway.kafka.admin import transactions_unsupported
 from gateway.kafka.clients import (
     build_consumer,
     build_producer,
@@ -44,7 +46,6 @@ from gateway.kafka.offsets import OffsetBook
 from gateway.kafka.read_back import RawFetcher
 from gateway.kafka.sink import Sink
 from gateway.kafka.startup_wait import wait_for_broker
-from gateway.kafka.transactions import transactions_unsupported
 from gateway.member_urls import member_name
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
@@ -52,6 +53,7 @@ from gateway.raw.blocking import BlockedPartitions
 from gateway.raw.lanes import LaneScheduler
 from gateway.raw.pipeline import Pipeline
 from gateway.raw.quarantine import QuarantineWatch
+from gateway.raw.routes import Direct
 from gateway.raw.source import RawSource
 from gateway.rules.tiers import tier_topics
 from gateway.service.health import HealthServer
@@ -221,8 +223,14 @@ class Gateway:
         await consumer.start()
         consumers.append(consumer)
         completion = await completions.for_loop("raw", consumer)
+        # Where decided-new copies go, decided once (gateway/raw/routes.py).
+        routes = (
+            Direct(completion.sink, kafka.clean_topic)
+            if router is None
+            else Scheduled(completion.sink, kafka.clean_topic, router, coalescer)
+        )
         pipeline = Pipeline(
-            settings, self.quorum, completion.sink, metrics, router=router, coalescer=coalescer,
+            settings, self.quorum, completion.sink, metrics, routes=routes,
             quarantine=self.quarantine,
         )  # fmt: skip
         lanes = LaneScheduler(self.settings, self.blocked, self.metrics)

@@ -20,7 +20,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from gateway.cli import main
 from gateway.config import TOPIC_ROLES, ConfigError, load_settings
-from gateway.ops import check_kafka, topics
+from gateway.kafka.admin import admin_client
+from gateway.ops import check_kafka
 from gateway.ops.findings import Finding
 from gateway.ops.topics import needed_topics
 
@@ -89,7 +90,7 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: 
 async def _topic_findings(broker: str, config: Path) -> list[Finding]:
     """check-config --connect's topic findings (its group findings need a coordinator,
     which a broker that just started may not have yet: not this test's business)."""
-    admin = topics.admin_client(load_settings(config).kafka)
+    admin = admin_client(load_settings(config).kafka)
     await admin.start()
     try:
         return await check_kafka.topic_findings(admin, load_settings(config))

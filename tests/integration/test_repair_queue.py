@@ -304,8 +304,8 @@ async def test_a_batch_whose_fills_could_not_be_noted_is_tried_again_whatever_th
         await quorum.check()
         assert await quorum.admin.pause(quorum.members[2], True)  # its claims are refused
         quorum.claim = claim_then_hang  # type: ignore[method-assign]
-        decided = await pipeline.decide({tp: [record]})
-        assert decided.blocked == {tp: 7} and not decided.commits and not decided.prepared
+        decided = (await pipeline.decide({tp: [record]})).decided
+        assert decided.blocked == {tp: 7} and not decided.commits and not decided.forward
         assert counter_value(quorum.metrics.undecided, "block") == 0  # not the vote's doing
         servers[0].resume()
         quorum.claim = claim  # type: ignore[method-assign]

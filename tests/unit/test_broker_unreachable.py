@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from gateway.cli import EXAMPLES, EXIT_UNREACHABLE, build_parser
 from gateway.config import KafkaSettings
 from gateway.errors import BrokerUnreachable
-from gateway.ops.broker import reaching_broker
+from gateway.kafka.admin import reaching_broker
 
 
 @pytest.fixture

@@ -39,9 +39,9 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-# The raw path hands decided-new records due later to the delay tiers (delay.router)
-# and coalesced ones to the coalescer: the one sideways edge between the loops.
-SIDEWAYS = {("raw", "delay")}
+# Units of one layer that may import each other (none: the raw pipeline's route through
+# the delay tiers is handed to it by the composition root, gateway/raw/routes.py).
+SIDEWAYS: set[tuple[str, str]] = set()
 # What a pure rule may not import: anything that does I/O or keeps time.
 NO_IO = ("asyncio", "redis", "aiohttp", "prometheus_client", "socket", "subprocess", "time")
 # aiokafka's plain data types are values, not I/O.
@@ -305,3 +305,69 @@ def test_an_output_mode_check_is_seen(tmp_path: Path):
         "    pass\n"
     )
     assert output_mode_checks(probe) == ["1: Transactions", "2: exactly_once"]
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph as one of units: `gateway.rules.classify` -> `rules`."""
+    units: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        edges = units.setdefault(unit_of(module), set())
+        edges.update(unit_of(target) for target in targets)
+        edges.discard(unit_of(module))
+    return units
+
+
+def test_no_two_packages_import_each_other_type_checking_included():
+    """A package that names another's type under TYPE_CHECKING while that one imports
+    it (rules <-> kafka, once: `Decided` carried produce batches) is one part in two."""
+    assert cycles(unit_graph(import_graph(MODULES))) == []
+
+
+def test_a_loop_between_packages_is_seen():
+    graph = {"gateway.rules.a": {"gateway.kafka.b"}, "gateway.kafka.b": {"gateway.rules.c"}}
+    assert cycles(unit_graph(graph)) == [{"rules", "kafka"}]
+
+
+# The Spark job leans on the settings, the record contract, the Kafka clients' options
+# and the admin client's checks; never on a loop, an operator command or the machinery
+# of exactly-once output. The gateway imports nothing of the job.
+SPARK_SINK = PACKAGE.parent / "spark_sink"
+SPARK_SINK_MAY_NOT_IMPORT = (
+    "gateway.ops",
+    "gateway.service",
+    "gateway.raw",
+    "gateway.delay",
+    "gateway.failures",
+    "gateway.quorum",
+    "gateway.cli",
+    "gateway.kafka.transactions",
+    "gateway.kafka.exactly_once",
+    "gateway.kafka.completion",
+    "gateway.kafka.loop",
+)
+
+
+def leaning_on_the_gateway(path: Path) -> list[str]:
+    """What of the gateway's loops, commands and transactions `path` imports."""
+    found = imports(path, type_checking=True)
+    return [target for target, _ in found if target.startswith(SPARK_SINK_MAY_NOT_IMPORT)]
+
+
+def test_the_spark_job_does_not_lean_on_the_gateways_loops_or_commands():
+    found = {p.name: leaning_on_the_gateway(p) for p in sorted(SPARK_SINK.glob("*.py"))}
+    assert len(found) > 10
+    assert {name: targets for name, targets in found.items() if targets} == {}
+
+
+def test_leaning_on_the_gateway_is_seen(tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from gateway.ops.topics import existing_topics\nimport gateway.config\n")
+    assert leaning_on_the_gateway(probe) == ["gateway.ops.topics"]
+
+
+def test_the_gateway_imports_nothing_of_the_spark_job():
+    found = {
+        module: [t for t, _ in imports(path, type_checking=True) if t.split(".")[0] == "spark_sink"]
+        for module, path in MODULES
+    }
+    assert {module: targets for module, targets in found.items() if targets} == {}

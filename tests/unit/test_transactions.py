@@ -12,9 +12,10 @@ from aiokafka.errors import ProducerFenced
 
 from gateway.config import Settings
 from gateway.errors import ConfigError
+from gateway.kafka.admin import transactions_unsupported
 from gateway.kafka.completion import transactional_id
 from gateway.kafka.exactly_once import Transactions
-from gateway.kafka.transactions import FencingEndTxnHandler, transactions_unsupported
+from gateway.kafka.transactions import FencingEndTxnHandler
 from gateway.service.app import Gateway
 
 KAFKA_4 = {22: (0, 5), 28: (0, 5), 9: (1, 9)}

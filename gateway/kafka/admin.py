@@ -1,4 +1,7 @@
-"""An operator command that cannot reach the broker says so in one line and exits 3.
+"""The broker as an admin client sees it, for the operator commands and the Spark job's
+pre-flight alike: an admin client for `[kafka]` (`admin_client`), a broker that cannot
+be reached said in one line (`reaching_broker`), and whether the broker can give
+exactly-once output (`transactions_unsupported`).
 
 aiokafka raises `KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1,
 <AddressFamily.AF_INET: 2>)]")` and logs, per address, an ERROR line with the
@@ -13,10 +16,20 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
 
 from gateway.config import KafkaSettings
 from gateway.errors import BrokerUnreachable
+from gateway.kafka.clients import aiokafka_options
+
+
+def admin_client(kafka: KafkaSettings) -> AIOKafkaAdminClient:
+    options = aiokafka_options(kafka)
+    # The admin client takes the connection options only (no producer/consumer ones).
+    return AIOKafkaAdminClient(**options)
+
 
 # aiokafka's client logs each failed bootstrap address under this name.
 AIOKAFKA_LOGGER = "aiokafka"
@@ -58,3 +71,21 @@ async def reaching_broker(kafka: KafkaSettings, *, verbose: bool = False) -> Asy
         raise unreachable(kafka, reasons.reasons, exc) from None
     finally:
         logger.removeFilter(reasons)
+
+
+INIT_PRODUCER_ID, TXN_OFFSET_COMMIT, OFFSET_FETCH = 22, 28, 9
+
+
+async def transactions_unsupported(client: AIOKafkaClient) -> str | None:
+    """Why the broker cannot give exactly-once output, or None when it can: it must
+    know transactions (InitProducerId), TxnOffsetCommit v3 and OffsetFetch v7.
+    `client`: a started client's (a producer's `client`, an admin's `_client`)."""
+    brokers = sorted(broker.nodeId for broker in client.cluster.brokers())
+    if not brokers:
+        return "no broker in the cluster metadata"
+    versions: dict[int, tuple[int, int]] = (await client._get_conn(brokers[0]))._versions
+    needs = {INIT_PRODUCER_ID: (0, "transactions"), TXN_OFFSET_COMMIT: (3, "TxnOffsetCommit v3"),
+             OFFSET_FETCH: (7, "OffsetFetch v7")}  # fmt: skip
+    missing = [what for key, (least, what) in needs.items()
+               if key not in versions or versions[key][1] < least]  # fmt: skip
+    return f"the broker lacks {', '.join(missing)} (Kafka 2.5+ has them)" if missing else None
