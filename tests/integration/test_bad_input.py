@@ -16,13 +16,10 @@ from aiokafka.record.util import calc_crc32c
 
 from devtools.harness import (
     RawTuple,
-    Topics,
     clean_ids,
     counter_value,
     eventually,
-    make_settings,
     produce,
-    redis_urls,
     running,
 )  # fmt: skip
 from devtools.topics import read_topic, wait_committed
@@ -46,15 +43,12 @@ GOOD = (b"k", b'{"order": {"id": "o-1"}}', [("message-id", b"m-1")])
     ],
 )
 async def test_bad_record_is_quarantined_with_reason_and_good_records_flow(
-    broker, redis_servers, names, id_spec, bad, reason, caplog
+    broker, stack, id_spec, bad, reason, caplog
 ):
     caplog.set_level(logging.WARNING)
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(members=1, raw_partitions=1, dedup={"id": id_spec, "max_id_bytes": 1024})
+    topics, settings = s.topics, s.settings
     await produce(broker, topics.raw, [bad, GOOD, bad])
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(1)), dedup={"id": id_spec, "max_id_bytes": 1024}
-    )
     async with running(settings) as gateway:
         await wait_committed(broker, topics.group, topics.raw, {0: 3})
         assert counter_value(gateway.metrics.quarantined, reason) == 2
@@ -71,16 +65,14 @@ async def test_bad_record_is_quarantined_with_reason_and_good_records_flow(
 
 
 async def test_gateway_waits_for_a_redis_majority_and_names_unreachable_instances(
-    broker, redis_servers, names, caplog
+    broker, stack, caplog
 ):
     caplog.set_level(logging.INFO)
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(raw_partitions=1)
+    topics, servers, settings = s.topics, s.servers, s.settings
     await produce(broker, topics.raw, [GOOD])
-    servers = redis_servers(3)
     for server in servers[1:]:
         server.stop()
-    settings = make_settings(broker, topics, redis_urls(servers))
     async with running(settings) as gateway:
         await eventually(lambda: "cannot reach a Redis majority" in caplog.text)
         assert gateway.source is None  # not consuming without a majority
@@ -92,14 +84,12 @@ async def test_gateway_waits_for_a_redis_majority_and_names_unreachable_instance
     assert set(await clean_ids(broker, topics.clean)) == {"m-1"}
 
 
-async def test_redis_password_is_used_and_never_logged(broker, redis_servers, names, caplog):
+async def test_redis_password_is_used_and_never_logged(broker, stack, caplog):
     caplog.set_level(logging.DEBUG)
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(raw_partitions=1, password="s3cret-pw")
+    topics = s.topics
     await produce(broker, topics.raw, [GOOD])
-    servers = redis_servers(3, password="s3cret-pw")
-    urls = [f"redis://:s3cret-pw@127.0.0.1:{s.port}/0" for s in servers]
-    async with running(make_settings(broker, topics, urls)):
+    async with running(s.settings):
         await wait_committed(broker, topics.group, topics.raw, {0: 1})
     assert "s3cret-pw" not in caplog.text
     assert "starting: raw=" in caplog.text
@@ -115,17 +105,16 @@ def sized(size: int, key: bytes, headers: list[tuple[str, bytes]]) -> RawTuple:
 
 
 async def test_a_record_whose_clean_copy_would_outgrow_the_broker_limit_is_quarantined(
-    broker, redis_servers, names, caplog
+    broker, stack, caplog
 ):
     caplog.set_level(logging.WARNING)
     limit = 1_048_576  # [kafka] max_request_bytes, default: the broker's message.max.bytes
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(members=1, raw_partitions=1)
+    topics, settings = s.topics, s.settings
     # Ids of 400 bytes: a clean copy adds about 480 bytes, a quarantine copy about 120.
     whole = sized(limit - 300, b"k", [("message-id", b"big-1".ljust(400, b"."))])
     cut = sized(limit - 10, b"k", [("message-id", b"big-2".ljust(400, b"."))])  # value left out
     await produce(broker, topics.raw, [GOOD, whole, cut, (b"k", b"v", [("message-id", b"m-2")])])
-    settings = make_settings(broker, topics, redis_urls(redis_servers(1)))
     async with running(settings) as gateway:
         await wait_committed(broker, topics.group, topics.raw, {0: 4})
         assert counter_value(gateway.metrics.quarantined, "too_large") == 2
@@ -145,14 +134,12 @@ async def test_a_record_whose_clean_copy_would_outgrow_the_broker_limit_is_quara
 
 
 async def test_an_outgoing_record_over_the_limit_goes_to_quarantine_not_to_the_broker(
-    broker, names, caplog
+    broker, stack, caplog
 ):
     """The sink's backstop (retries and dead letters carry more headers than the raw record)."""
     caplog.set_level(logging.WARNING)
-    topics = Topics(names)
-    await topics.create(broker)
-    kafka = make_settings(broker, topics, ["redis://127.0.0.1:1/0"],
-                          kafka={"max_request_bytes": 4096}).kafka  # fmt: skip
+    s = await stack(members=0, kafka={"max_request_bytes": 4096})
+    topics, kafka = s.topics, s.settings.kafka
     metrics = Metrics()
     producer = build_producer(kafka)
     await producer.start()
@@ -218,11 +205,11 @@ def ids(*names: str) -> list[RawTuple]:
 
 
 async def test_a_header_name_that_is_not_utf8_is_quarantined_and_the_partitions_go_on(
-    broker, redis_servers, names, caplog
+    broker, stack, caplog
 ):
     caplog.set_level(logging.WARNING)
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=8)
+    s = await stack(members=1, raw_partitions=8)
+    topics, settings = s.topics, s.settings
     await produce(broker, topics.raw, ids("a-0", "a-1", "a-2"), partition=0)
     # Partitions unpacked before the failing one in the same fetch moved past records
     # that fetch never returned: they must be read again, not skipped.
@@ -234,7 +221,6 @@ async def test_a_header_name_that_is_not_utf8_is_quarantined_and_the_partitions_
         [*ids("c-0"), bad_one, *ids("c-2")], bad=1))  # fmt: skip
     await produce_raw_batch(broker, topics.raw, 0, batch_with_bad_header_name(
         [*ids("a-3"), (None, b"v", [("message-id", b"b-2")])], bad=1))  # fmt: skip
-    settings = make_settings(broker, topics, redis_urls(redis_servers(1)))
     async with running(settings) as gateway:
         await wait_committed(
             broker, topics.group, topics.raw, {0: 5, 1: 3, **dict.fromkeys(others, 3)}

@@ -37,7 +37,7 @@ from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.rules.tiers import tier_topics
 from gateway.rules.windows import version
-from tests.integration.test_delay import TIERS, create_all, poll, reading
+from tests.integration.test_delay import TIERS, poll, reading
 
 KEYS, UPDATES, WINDOW_MS = 300, 10, 3000
 COPIES = 0.2  # exact copies (same message id), dropped by dedup before coalescing
@@ -45,17 +45,20 @@ GRACE_MS = Settings().coalesce.grace // timedelta(milliseconds=1)  # the default
 STRAGGLER_GRACE_MS = 3000
 
 
-def coalesce_settings(
-    broker: str, topics: Topics, nodes: list[str], window_ms: int = WINDOW_MS,
-    grace_ms: int = GRACE_MS, delay: dict | None = None, **kafka,
-) -> Settings:  # fmt: skip
-    return make_settings(
-        broker, topics, nodes,
-        kafka={"max_batch_records": 200, **kafka},
-        delay={"enabled": True, "tiers": TIERS, **(delay or {})},
-        coalesce={"enabled": True, "key": "header:entity-id", "window": f"{window_ms}ms",
-                  "grace": f"{grace_ms}ms"},
-    )  # fmt: skip
+def coalesce_sections(
+    window_ms: int = WINDOW_MS, grace_ms: int = GRACE_MS, delay: dict | None = None, **kafka
+) -> dict[str, dict]:
+    """The `make_settings` overrides of these tests: fixed windows keyed by entity-id."""
+    return {
+        "kafka": {"max_batch_records": 200, **kafka},
+        "delay": {"enabled": True, "tiers": TIERS, **(delay or {})},
+        "coalesce": {"enabled": True, "key": "header:entity-id", "window": f"{window_ms}ms",
+                     "grace": f"{grace_ms}ms"},
+    }  # fmt: skip
+
+
+def coalesce_settings(broker: str, topics: Topics, nodes: list[str], **options) -> Settings:
+    return make_settings(broker, topics, nodes, **coalesce_sections(**options))
 
 
 async def quorum_of(nodes: list[str]) -> Quorum:
@@ -163,16 +166,13 @@ def check_emitted(seen, last: dict[str, bytes], close_ms: int, grace_ms: int = G
         assert closed <= read_ms <= closed + 2000, f"e{key} read {read_ms - closed} ms"
 
 
-async def test_two_gateways_emit_each_keys_last_value_once_after_its_window(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    settings = coalesce_settings(broker, topics, redis_urls(redis_servers(3)))
-    await create_all(broker, topics, settings, raw_partitions=2)
-    async with contextlib.AsyncExitStack() as stack:
-        seen = await stack.enter_async_context(reading(broker, topics.clean))
-        one = await stack.enter_async_context(running(settings))
-        two = await stack.enter_async_context(running(settings))
+async def test_two_gateways_emit_each_keys_last_value_once_after_its_window(broker, stack):
+    s = await stack(raw_partitions=2, tier_partitions=2, **coalesce_sections())
+    topics, settings = s.topics, s.settings
+    async with contextlib.AsyncExitStack() as contexts:
+        seen = await contexts.enter_async_context(reading(broker, topics.clean))
+        one = await contexts.enter_async_context(running(settings))
+        two = await contexts.enter_async_context(running(settings))
         await poll(lambda: bool(one.partitions() and two.partitions()), 30, "both assigned")
         last, close_ms = await produce_updates(broker, topics.raw, seed=1)
         await poll(lambda: len(seen.records) >= KEYS, (close_ms - now_ms()) / 1000 + 10, "all")
@@ -182,16 +182,13 @@ async def test_two_gateways_emit_each_keys_last_value_once_after_its_window(
     assert merged == KEYS * (UPDATES - 1)  # every other version dropped at its close
 
 
-async def test_with_one_redis_member_down_each_key_still_emits_its_last_value_once(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    servers = redis_servers(3)
+async def test_with_one_redis_member_down_each_key_still_emits_its_last_value_once(broker, stack):
     # Every update must be taken before its window closes (the premise of "once"); with
     # a member's calls failing, a loaded machine can take the 3,600 records for longer
     # than the default grace: the stragglers' grace leaves it room.
-    settings = coalesce_settings(broker, topics, redis_urls(servers), grace_ms=STRAGGLER_GRACE_MS)
-    await create_all(broker, topics, settings, raw_partitions=2)
+    sections = coalesce_sections(grace_ms=STRAGGLER_GRACE_MS)
+    s = await stack(raw_partitions=2, tier_partitions=2, **sections)
+    topics, servers, settings = s.topics, s.servers, s.settings
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
         await poll(lambda: bool(gateway.partitions()), 30, "assigned")
         servers[2].kill()
@@ -202,16 +199,12 @@ async def test_with_one_redis_member_down_each_key_still_emits_its_last_value_on
     check_emitted(seen, last, close_ms, grace_ms=STRAGGLER_GRACE_MS)
 
 
-async def test_a_sigkill_mid_window_loses_no_key_and_emits_none_twice(
-    broker, redis_servers, names, tmp_path
-):
-    topics = Topics(names)
+async def test_a_sigkill_mid_window_loses_no_key_and_emits_none_twice(broker, stack, tmp_path):
     # A window long enough for the restarted gateway to take every update before it
     # closes (an update taken after its window closed is emitted again: see README).
-    settings = coalesce_settings(
-        broker, topics, redis_urls(redis_servers(3)), window_ms=10_000, session_timeout="2s"
-    )
-    await create_all(broker, topics, settings, raw_partitions=2)
+    sections = coalesce_sections(window_ms=10_000, session_timeout="2s")
+    s = await stack(raw_partitions=2, tier_partitions=2, **sections)
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "gateway.toml", settings)
     log = tmp_path / "gateway.log"
     proc = start_process(config, log)
@@ -241,18 +234,15 @@ async def test_a_sigkill_mid_window_loses_no_key_and_emits_none_twice(
     assert all(len(tokens) == 1 for tokens in by_key.values()), "a key emitted twice"
 
 
-async def test_trailing_windows_close_a_window_after_each_keys_newest_update(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+async def test_trailing_windows_close_a_window_after_each_keys_newest_update(broker, stack):
+    s = await stack(
+        raw_partitions=2, tier_partitions=2,
         kafka={"max_batch_records": 200},
         delay={"enabled": True, "tiers": TIERS},
         coalesce={"enabled": True, "key": "header:entity-id", "mode": "trailing",
                   "window": f"{WINDOW_MS}ms", "max_window": "30s"},
     )  # fmt: skip
-    await create_all(broker, topics, settings, raw_partitions=2)
+    topics, settings = s.topics, s.settings
     stamps: dict[str, list[int]] = {}
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
         await poll(lambda: bool(gateway.partitions()), 30, "assigned")
@@ -354,13 +344,11 @@ def check_one_per_window(seen, start: int, end: int, replays: bool = False) -> N
 
 
 async def test_updates_stamped_in_a_windows_last_milliseconds_arriving_within_grace_are_merged(
-    broker, redis_servers, names
+    broker, stack
 ):
-    topics = Topics(names)
-    settings = coalesce_settings(
-        broker, topics, redis_urls(redis_servers(3)), window_ms=2000, grace_ms=STRAGGLER_GRACE_MS
-    )
-    await create_all(broker, topics, settings, raw_partitions=2)
+    sections = coalesce_sections(window_ms=2000, grace_ms=STRAGGLER_GRACE_MS)
+    s = await stack(raw_partitions=2, tier_partitions=2, **sections)
+    topics, settings = s.topics, s.settings
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
         await poll(lambda: bool(gateway.partitions()), 30, "assigned")
         start, end = window_ending_after(2000, 500)
@@ -383,14 +371,11 @@ async def test_updates_stamped_in_a_windows_last_milliseconds_arriving_within_gr
 
 
 async def test_a_sigkill_while_windows_wait_still_merges_updates_arriving_within_grace(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    settings = coalesce_settings(
-        broker, topics, redis_urls(redis_servers(3)), window_ms=2000,
-        grace_ms=STRAGGLER_GRACE_MS, session_timeout="2s",
-    )  # fmt: skip
-    await create_all(broker, topics, settings, raw_partitions=2)
+    sections = coalesce_sections(window_ms=2000, grace_ms=STRAGGLER_GRACE_MS, session_timeout="2s")
+    s = await stack(raw_partitions=2, tier_partitions=2, **sections)
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "gateway.toml", settings)
     log = tmp_path / "gateway.log"
     joined = "delay tier partitions assigned"
@@ -423,11 +408,10 @@ async def test_a_sigkill_while_windows_wait_still_merges_updates_arriving_within
 
 
 async def test_an_update_taken_after_its_window_closed_is_counted_late_and_sent_after_it(
-    broker, redis_servers, names
+    broker, stack
 ):
-    topics = Topics(names)
-    settings = coalesce_settings(broker, topics, redis_urls(redis_servers(3)), window_ms=2000)
-    await create_all(broker, topics, settings, raw_partitions=2)
+    s = await stack(raw_partitions=2, tier_partitions=2, **coalesce_sections(window_ms=2000))
+    topics, settings = s.topics, s.settings
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
         await poll(lambda: bool(gateway.partitions()), 30, "assigned")
         start, end = window_ending_after(2000, 500)
@@ -450,17 +434,14 @@ async def test_an_update_taken_after_its_window_closed_is_counted_late_and_sent_
 
 
 async def test_a_record_stamped_hours_ahead_is_windowed_by_the_gateways_clock_and_sent_once(
-    broker, redis_servers, names
+    broker, stack
 ):
-    topics = Topics(names)
-    settings = coalesce_settings(
-        broker, topics, redis_urls(redis_servers(3)), window_ms=2000, grace_ms=1000,
-        delay={"max_delay": "10s"},
-    )  # fmt: skip
+    sections = coalesce_sections(window_ms=2000, grace_ms=1000, delay={"max_delay": "10s"})
+    s = await stack(raw_partitions=2, tier_partitions=2, **sections)
+    topics, settings = s.topics, s.settings
     # Marks and window state live no longer than the longest wait allowed (the tightest
     # setting start-up accepts): a wait stretched by a producer's clock would outlive them.
     settings.redis.ttl = timedelta(seconds=10)
-    await create_all(broker, topics, settings, raw_partitions=2)
     ahead = now_ms() + 3 * 3_600_000
     records = [update(e, n, ahead + n) for e in range(ENTITIES) for n in range(3)]
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
@@ -485,13 +466,9 @@ async def test_a_record_stamped_hours_ahead_is_windowed_by_the_gateways_clock_an
     assert counter_value(m.coalesce_emitted) == ENTITIES
 
 
-async def test_a_close_that_finds_its_window_state_gone_is_quarantined_not_sent(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    servers = redis_servers(3)
-    settings = coalesce_settings(broker, topics, redis_urls(servers), window_ms=2000)
-    await create_all(broker, topics, settings, raw_partitions=2)
+async def test_a_close_that_finds_its_window_state_gone_is_quarantined_not_sent(broker, stack):
+    s = await stack(raw_partitions=2, tier_partitions=2, **coalesce_sections(window_ms=2000))
+    topics, servers, settings = s.topics, s.servers, s.settings
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
         await poll(lambda: bool(gateway.partitions()), 30, "assigned")
         start, end = window_ending_after(2000, 1000)
@@ -518,12 +495,9 @@ async def test_a_close_that_finds_its_window_state_gone_is_quarantined_not_sent(
     assert sorted(r.value for r in quarantined) == sorted(v for _, v, _, _ in early)
 
 
-async def test_one_bad_record_among_co_due_closes_goes_to_quarantine_alone(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    settings = coalesce_settings(broker, topics, redis_urls(redis_servers(3)), window_ms=2000)
-    await create_all(broker, topics, settings, raw_partitions=2)
+async def test_one_bad_record_among_co_due_closes_goes_to_quarantine_alone(broker, stack):
+    s = await stack(raw_partitions=2, tier_partitions=2, **coalesce_sections(window_ms=2000))
+    topics, settings = s.topics, s.settings
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
         await poll(lambda: bool(gateway.partitions()), 30, "assigned")
         start, end = window_ending_after(2000, 500)

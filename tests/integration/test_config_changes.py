@@ -26,11 +26,11 @@ from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.cli import main
 from gateway.delay.coalescer import now_ms
 from gateway.rules.tiers import tier_topics
-from tests.integration.test_coalesce import coalesce_settings
+from tests.integration.test_coalesce import coalesce_sections
 from tests.integration.test_delay import (
+    DELAY_ON,
     TIERS,
     Seen,
-    create_all,
     delay_settings,
     poll,
     reading,
@@ -95,14 +95,18 @@ async def send_due_later(
 
 
 async def test_start_up_is_refused_with_delay_off_while_a_tier_holds_waiting_records(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    nodes = redis_urls(redis_servers(3))
-    on = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    s = await stack(
+        raw_partitions=1,
+        clean_partitions=1,
+        tier_partitions=2,
+        kafka={"session_timeout": "2s"},
+        delay=DELAY_ON,
+    )
+    topics, nodes, on = s.topics, redis_urls(s.servers), s.settings
     off = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"},
                          delay={"enabled": False})  # fmt: skip
-    await create_all(broker, topics, on, raw_partitions=1, clean_partitions=1)
     log = tmp_path / "gateway.log"
     on_toml = write_toml(tmp_path / "on.toml", on)
     proc = start_process(on_toml, log)
@@ -131,15 +135,19 @@ async def test_start_up_is_refused_with_delay_off_while_a_tier_holds_waiting_rec
 
 
 async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_once_when_due(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    nodes = redis_urls(redis_servers(3))
-    before = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
+    s = await stack(
+        raw_partitions=1,
+        clean_partitions=1,
+        tier_partitions=2,
+        kafka={"session_timeout": "2s"},
+        delay=DELAY_ON,
+    )
+    topics, nodes, before = s.topics, redis_urls(s.servers), s.settings
     after = delay_settings(
         broker, topics, nodes, kafka={"session_timeout": "2s"}, delay={"tiers": TIERS[:-1]}
     )
-    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
     removed = tier_topics(before)[-1]
     assert removed not in tier_topics(after)
     log = tmp_path / "gateway.log"
@@ -167,16 +175,20 @@ async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_on
 
 
 async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
-    broker, redis_servers, names, tmp_path
+    broker, stack, names, tmp_path
 ):
-    topics = Topics(names)
-    nodes = redis_urls(redis_servers(3))
+    s = await stack(
+        raw_partitions=1,
+        clean_partitions=1,
+        tier_partitions=2,
+        kafka={"session_timeout": "2s"},
+        delay=DELAY_ON,
+    )
+    topics, nodes, before = s.topics, redis_urls(s.servers), s.settings
     renamed = names("clean-renamed")
-    before = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
     after = delay_settings(
         broker, topics, nodes, kafka={"session_timeout": "2s", "clean_topic": renamed}
     )
-    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
     await create_topics(broker, {renamed: 1, **dict.fromkeys(tier_topics(after), 2)})
     log = tmp_path / "gateway.log"
     proc = start_process(write_toml(tmp_path / "before.toml", before), log)
@@ -204,15 +216,14 @@ async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
 
 
 async def test_windowed_records_waiting_when_coalescing_is_switched_off_are_delivered_once(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    nodes = redis_urls(redis_servers(3))
     window_ms = 10_000
-    before = coalesce_settings(broker, topics, nodes, window_ms=window_ms, session_timeout="2s")
+    sections = coalesce_sections(window_ms=window_ms, session_timeout="2s")
+    s = await stack(raw_partitions=1, clean_partitions=1, tier_partitions=2, **sections)
+    topics, nodes, before = s.topics, redis_urls(s.servers), s.settings
     after = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"})
     assert before.coalesce.enabled and not after.coalesce.enabled
-    await create_all(broker, topics, before, raw_partitions=1, clean_partitions=1)
     log = tmp_path / "gateway.log"
     proc = start_process(write_toml(tmp_path / "before.toml", before), log)
     start = (now_ms() // window_ms + 1) * window_ms  # the next window: all updates in it

@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 
 from devtools.harness import (
-    Topics,
     clean_ids,
-    make_settings,
-    redis_urls,
     start_process,
     write_toml,
 )
@@ -28,17 +25,15 @@ BATCH = 500
 
 @pytest.mark.parametrize("exactly_once", ["on", "off"])
 async def test_sigkill_at_random_points_loses_nothing_and_bounds_duplicates(
-    exactly_once, broker, redis_servers, names, tmp_path: Path
+    exactly_once, broker, stack, tmp_path: Path
 ):
-    topics = Topics(names)
-    await topics.create(broker)
-    traffic = await produce_traffic(broker, topics.raw, 40_000, duplicate_share=0.3, seed=5)
-    total = sum(traffic.per_partition.values())
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
         kafka={"max_batch_records": BATCH, "session_timeout": "2s", "exactly_once": exactly_once,
                "group_instance_id": "crashing"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
+    traffic = await produce_traffic(broker, topics.raw, 40_000, duplicate_share=0.3, seed=5)
+    total = sum(traffic.per_partition.values())
     config = write_toml(tmp_path / "gateway.toml", settings)
     rng = random.Random(99)
     kills = 0

@@ -27,7 +27,6 @@ from devtools.harness import (
     counter_value,
     make_settings,
     produce,
-    redis_urls,
     running,
     start_process,
     until,
@@ -40,16 +39,12 @@ from gateway.kafka.clients import partitions_of
 from gateway.rules.tiers import tier_topics
 
 TIERS = ["1s", "4s", "16s"]
+DELAY_ON = {"enabled": True, "tiers": TIERS}  # `[delay]` of these tests
 
 
 def delay_settings(broker: str, topics: Topics, nodes: list[str], **sections: dict) -> Settings:
-    delay = {"enabled": True, "tiers": TIERS, **sections.pop("delay", {})}
+    delay = {**DELAY_ON, **sections.pop("delay", {})}
     return make_settings(broker, topics, nodes, delay=delay, **sections)
-
-
-async def create_all(broker: str, topics: Topics, settings: Settings, **partitions: int) -> None:
-    await topics.create(broker, **partitions)
-    await create_topics(broker, dict.fromkeys(tier_topics(settings), 2))
 
 
 @dataclass
@@ -97,12 +92,9 @@ async def poll(condition, timeout_s: float, what: str, proc=None):
         await asyncio.sleep(0.02)
 
 
-async def test_a_delayed_record_waits_in_a_tier_and_a_copy_meanwhile_is_a_duplicate(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    settings = delay_settings(broker, topics, redis_urls(redis_servers(3)))
-    await create_all(broker, topics, settings, raw_partitions=1, clean_partitions=1)
+async def test_a_delayed_record_waits_in_a_tier_and_a_copy_meanwhile_is_a_duplicate(broker, stack):
+    s = await stack(raw_partitions=1, clean_partitions=1, tier_partitions=2, delay=DELAY_ON)
+    topics, settings = s.topics, s.settings
     async with reading(broker, topics.clean) as seen, running(settings) as gateway:
         await until(gateway, lambda: bool(gateway.partitions()))
         first = (b"k", b"first", [("message-id", b"m-1"), ("deliver-after", b"5s")])
@@ -127,12 +119,9 @@ async def test_a_delayed_record_waits_in_a_tier_and_a_copy_meanwhile_is_a_duplic
     assert [s.value for s in lateness.samples if s.name.endswith("_count")] == [1]
 
 
-async def test_bad_delay_headers_are_quarantined_with_a_reason_and_good_records_flow(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    settings = delay_settings(broker, topics, redis_urls(redis_servers(1)))  # max_delay = ttl: 24h
-    await create_all(broker, topics, settings, raw_partitions=1)
+async def test_bad_delay_headers_are_quarantined_with_a_reason_and_good_records_flow(broker, stack):
+    s = await stack(members=1, raw_partitions=1, tier_partitions=2, delay=DELAY_ON)
+    topics, settings = s.topics, s.settings  # max_delay = ttl: 24h
     bad = [
         ("deliver-at", b"tomorrow", "bad_deliver_at"),
         ("deliver-after", b"soon", "bad_deliver_after"),
@@ -163,12 +152,9 @@ async def test_bad_delay_headers_are_quarantined_with_a_reason_and_good_records_
     assert set(await clean_ids(broker, topics.clean)) == {"good", "b-0"}
 
 
-async def test_a_missing_tier_topic_stops_start_up_naming_it(
-    broker, redis_servers, names, tmp_path
-):
-    topics = Topics(names)
-    settings = delay_settings(broker, topics, redis_urls(redis_servers(1)))
-    await topics.create(broker)
+async def test_a_missing_tier_topic_stops_start_up_naming_it(broker, stack, tmp_path):
+    s = await stack(members=1, delay=DELAY_ON)
+    settings = s.settings
     *present, missing = tier_topics(settings)
     await create_topics(broker, dict.fromkeys(present, 1))
     config = write_toml(tmp_path / "gateway.toml", settings)
@@ -182,12 +168,9 @@ async def test_a_missing_tier_topic_stops_start_up_naming_it(
     assert missing in last_line and not any(p in last_line for p in present)
 
 
-async def test_inspect_shows_the_due_time_and_tier_of_a_waiting_id(
-    broker, redis_servers, names, tmp_path
-):
-    topics = Topics(names)
-    settings = delay_settings(broker, topics, redis_urls(redis_servers(3)))
-    await create_all(broker, topics, settings, raw_partitions=1, clean_partitions=1)
+async def test_inspect_shows_the_due_time_and_tier_of_a_waiting_id(broker, stack, tmp_path):
+    s = await stack(raw_partitions=1, clean_partitions=1, tier_partitions=2, delay=DELAY_ON)
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "gateway.toml", settings)
     due = now_ms() + 600_000  # ten minutes: it cycles through the 16s tier meanwhile
     waiting = (b"k", b"v", [("message-id", b"w-1"), ("deliver-at", str(due).encode())])
@@ -222,14 +205,12 @@ MAX_DELAY_MS = 20_000
 
 
 async def test_delayed_records_arrive_once_and_never_early_across_a_sigkill(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    settings = delay_settings(
-        broker, topics, redis_urls(redis_servers(3)),
-        kafka={"max_batch_records": 200, "session_timeout": "2s"},
-    )  # fmt: skip
-    await create_all(broker, topics, settings)
+    s = await stack(
+        tier_partitions=2, kafka={"max_batch_records": 200, "session_timeout": "2s"}, delay=DELAY_ON
+    )
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "gateway.toml", settings)
     log = tmp_path / "gateway.log"
     rng = random.Random(13)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from devtools.harness import Topics, eventually, make_settings, redis_urls, running
+from devtools.harness import eventually, redis_urls, running
 from devtools.localstack import ManagedProcess
 from gateway.config import Settings, load_settings
 from gateway.contract.tokens import mark_digest
@@ -25,6 +25,7 @@ from gateway.quorum.quorum import Quorum, scripts
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE, Outcome
+from tests.integration.conftest import StackFactory
 from tests.integration.redis_marks import alone, epoch_on, owners_on
 
 Servers = list[ManagedProcess]
@@ -256,12 +257,10 @@ async def test_a_rebuild_copies_the_live_marks_with_their_lifetime_and_a_dry_run
 
 
 async def test_an_idle_gateway_notices_a_dead_member_and_its_empty_restart(
-    broker: str, redis_servers: Any, names: Callable[[str], str]
+    stack: StackFactory,
 ) -> None:
-    topics = Topics(names)
-    await topics.create(broker)
-    servers = redis_servers(3)
-    settings = make_settings(broker, topics, redis_urls(servers))
+    s = await stack()
+    servers, settings = s.servers, s.settings
     settings.redis.ping_interval = timedelta(milliseconds=200)
     async with running(settings) as gateway:
         m, label = gateway.metrics, servers[1].name_label

@@ -76,18 +76,17 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 @pytest.mark.parametrize("exactly_once", ["on", "off"])
 async def test_a_kill_between_the_acknowledgement_and_the_commit(
-    exactly_once, broker, redis_servers, names, tmp_path: Path
+    exactly_once, broker, stack, tmp_path: Path
 ):
     """on: the replayed batch's copies are in an aborted transaction, so a committed
     reader sees each id once. off: it sees the replayed batch twice (at-least-once)."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=2, clean_partitions=2)
-    traffic = await produce_traffic(broker, topics.raw, 3_000, duplicate_share=0.2, seed=40)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=2, clean_partitions=2,
         kafka={"max_batch_records": BATCH, "exactly_once": exactly_once,
                "group_instance_id": "gateway-a", "transaction_timeout": "5s"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
+    traffic = await produce_traffic(broker, topics.raw, 3_000, duplicate_share=0.2, seed=40)
     config = write_toml(tmp_path / "gateway.toml", settings)
     log = tmp_path / "gateway.log"
     crashed = start(config, log, fault="raw-acked:kill:3")
@@ -113,19 +112,18 @@ async def test_a_kill_between_the_acknowledgement_and_the_commit(
 
 
 async def test_a_zombie_stalled_past_its_session_commits_nothing_of_its_batch(
-    broker, redis_servers, names, tmp_path: Path
+    broker, stack, tmp_path: Path
 ):
     """A gateway SIGSTOPped after a batch's copies were acknowledged, past its session:
     the other gateway takes its partitions and forwards the batch; the zombie, resumed,
     has its offsets refused (its generation is gone), aborts, and carries on."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=4, clean_partitions=2)
-    traffic = await produce_traffic(broker, topics.raw, 6_000, duplicate_share=0.2, seed=41)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=4, clean_partitions=2,
         kafka={"max_batch_records": BATCH, "session_timeout": "2s", "exactly_once": "on",
                "transaction_timeout": "60s"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
+    traffic = await produce_traffic(broker, topics.raw, 6_000, duplicate_share=0.2, seed=41)
     config = write_toml(tmp_path / "gateway.toml", settings)
     zombie_log, other_log = tmp_path / "zombie.log", tmp_path / "other.log"
     zombie = start(config, zombie_log, fault="raw-acked:stop:2")
@@ -173,15 +171,14 @@ def settled(logs: list[Path], partitions: int) -> bool:
 
 
 async def test_a_static_member_restarted_within_its_session_takes_its_partitions_back(
-    broker, redis_servers, names, tmp_path: Path
+    broker, stack, tmp_path: Path
 ):
     """`group_instance_id`: a gateway SIGKILLed and restarted within `session_timeout`
     gets its partitions back without a rebalance: the other gateway is never assigned
     anything new, and the restarted one commits again within the session timeout."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=4, clean_partitions=2)
+    s = await stack(raw_partitions=4, clean_partitions=2)
+    topics, redis = s.topics, redis_urls(s.servers)
     first = await produce_traffic(broker, topics.raw, 2_000, duplicate_share=0.0, seed=42)
-    redis = redis_urls(redis_servers(3))
     logs, procs = [tmp_path / "a.log", tmp_path / "b.log"], []
     for name, log in zip(("gw-a", "gw-b"), logs, strict=True):
         settings = make_settings(
@@ -211,12 +208,12 @@ async def test_a_static_member_restarted_within_its_session_takes_its_partitions
 
 
 async def test_records_of_an_aborted_raw_transaction_are_never_forwarded(
-    broker, redis_servers, names, tmp_path: Path
+    broker, stack, names, tmp_path: Path
 ):
     """A producer of the raw topic aborts a transaction: its records are neither
     forwarded nor claim their ids (a later committed copy of one is new)."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    s = await stack(raw_partitions=1, clean_partitions=1)
+    topics, settings = s.topics, s.settings
     producer = AIOKafkaProducer(bootstrap_servers=broker, transactional_id=names("producer"))
     await producer.start()
     try:
@@ -229,7 +226,6 @@ async def test_records_of_an_aborted_raw_transaction_are_never_forwarded(
                 await producer.send(topics.raw, b"v", headers=[("message-id", f"a-{n}".encode())])
     finally:
         await producer.stop()
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
     log = tmp_path / "gateway.log"
     proc = start(write_toml(tmp_path / "gateway.toml", settings), log)
     try:
@@ -241,19 +237,17 @@ async def test_records_of_an_aborted_raw_transaction_are_never_forwarded(
 
 
 async def test_a_kill_between_a_delay_steps_acknowledgement_and_its_commit_moves_it_once(
-    broker, redis_servers, names, tmp_path: Path
+    broker, stack, tmp_path: Path
 ):
     """The delay loop's step in a transaction: killed after its moves to the clean topic
     were acknowledged (fault point `delay-acked`), the restarted gateway moves them
     again, and a committed reader sees each id once."""
-    topics = Topics(names)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=2, clean_partitions=2, tier_partitions=2,
         kafka={"exactly_once": "on", "group_instance_id": "delaying"},
         delay={"enabled": True, "tiers": ["1s", "4s"]},
     )  # fmt: skip
-    await topics.create(broker, raw_partitions=2, clean_partitions=2)
-    await create_topics(broker, dict.fromkeys(tier_topics(settings), 2))
+    topics, settings = s.topics, s.settings
     ids = [f"d-{n}" for n in range(300)]
     await produce(broker, topics.raw, [
         (None, b"v", [("message-id", i.encode()), ("deliver-after", b"10s")]) for i in ids
@@ -278,7 +272,7 @@ async def test_a_kill_between_a_delay_steps_acknowledgement_and_its_commit_moves
 
 @pytest.mark.parametrize("exactly_once", ["on", "off"])
 async def test_a_kill_between_a_retrys_acknowledgement_and_its_commit(
-    exactly_once, broker, redis_servers, names, tmp_path: Path
+    exactly_once, broker, stack, tmp_path: Path
 ):
     """Retry mode, killed after a retry's copy was acknowledged and before its command
     counted as done (fault point `retry-acked`). On: the retries go in the failure
@@ -286,14 +280,13 @@ async def test_a_kill_between_a_retrys_acknowledgement_and_its_commit(
     committed reader sees each retry once. Off: that retry comes twice (the window is
     real, and at-least-once)."""
     ids = 120
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=2, clean_partitions=2)
-    traffic = await produce_traffic(broker, topics.raw, ids, duplicate_share=0.0)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=2, clean_partitions=2,
         kafka={"exactly_once": exactly_once, "group_instance_id": "retrying"},
         failures={"backoff_initial": "1ms", "backoff_max": "5ms"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
+    traffic = await produce_traffic(broker, topics.raw, ids, duplicate_share=0.0)
     config = write_toml(tmp_path / "gateway.toml", settings)
     log = tmp_path / "gateway.log"
     forwarding = start(config, log)
@@ -412,7 +405,7 @@ async def test_a_zombie_stalled_in_a_retry_behind_a_scheduled_one_commits_nothin
 
 
 async def test_a_zombie_stalled_in_a_move_ahead_of_a_held_record_commits_nothing_of_it(
-    broker, redis_servers, names, tmp_path: Path
+    broker, stack, tmp_path: Path
 ):
     """The delay loop: d0, d1 then d2 in one tier partition, d2 due before d1. Once d0
     moved (its step committed the partition up to d1), the gateway moves d2 to the
@@ -421,14 +414,12 @@ async def test_a_zombie_stalled_in_a_move_ahead_of_a_held_record_commits_nothing
     other gateway takes the tier partition and moves d2; the zombie, resumed, still
     sends the partition's offset (unmoved): refused, its transaction aborts, and no
     committed reader sees its move. Before, that step carried no offsets and committed."""
-    topics = Topics(names)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=1, clean_partitions=1, tier_partitions=1,
         kafka={"exactly_once": "on", "session_timeout": "2s", "transaction_timeout": "60s"},
         delay={"enabled": True, "tiers": ["8s"]},
     )  # fmt: skip
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    await create_topics(broker, dict.fromkeys(tier_topics(settings), 1))
+    topics, settings = s.topics, s.settings
     config = write_toml(tmp_path / "gateway.toml", settings)
     zombie_log, other_log = tmp_path / "zombie.log", tmp_path / "other.log"
     zombie = start(config, zombie_log, fault="delay-acked:stop:2")  # at d2's move

@@ -57,24 +57,29 @@ def attempt_of(rec) -> int:
 
 
 @pytest.fixture
-def members(redis_servers):
-    """The three redis-servers of `setup`'s gateway (the same in one test)."""
-    return redis_servers(3)
+async def one_partition(stack):
+    """The stack of `setup`'s gateway: one raw and one clean partition, three members."""
+    return await stack(raw_partitions=1, clean_partitions=1)
 
 
 @pytest.fixture
-async def setup(broker, members, names):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    urls = redis_urls(members)
+def members(one_partition):
+    """The three redis-servers of `setup`'s gateway (the same in one test)."""
+    return one_partition.servers
+
+
+@pytest.fixture
+def setup(one_partition):
+    s = one_partition
+    urls = redis_urls(s.servers)
 
     def settings(**failures):
         return make_settings(
-            broker, topics, urls,
+            s.broker, s.topics, urls,
             failures={"backoff_initial": "10ms", "backoff_max": "50ms", **failures},
         )  # fmt: skip
 
-    return topics, settings
+    return s.topics, settings
 
 
 async def test_release_with_the_right_token_lets_the_next_copy_through_and_stale_does_not(
@@ -214,14 +219,13 @@ async def test_bad_commands_are_counted_and_skipped_and_the_loop_goes_on(broker,
 
 @pytest.mark.parametrize("mode", ["release", "retry"])
 async def test_an_id_that_is_not_utf8_is_released_or_retried_by_its_exact_bytes(
-    broker, redis_servers, names, mode
+    broker, stack, mode
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)), dedup={"id": "key"},
+    s = await stack(
+        raw_partitions=1, clean_partitions=1, dedup={"id": "key"},
         failures={"mode": mode, "backoff_initial": "10ms", "backoff_max": "50ms"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
     binary = b"\xff\xfe-bin"  # a Kafka key that is not UTF-8: the id
     async with running(settings) as gateway:
         m = gateway.metrics
@@ -326,15 +330,14 @@ async def test_a_raw_fetch_outlasting_its_deadline_is_retried_later_not_called_g
 
 
 async def test_a_rebalance_of_the_command_group_hands_scheduled_retries_to_the_new_owner(
-    broker, redis_servers, names
+    broker, stack
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)  # failures: 2 partitions
     backoff = 10.0
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=1, clean_partitions=1,  # failures: 2 partitions
         failures={"backoff_initial": f"{backoff}s", "backoff_max": f"{backoff}s"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
 
     def retries(gateway):
         return counter_value(gateway.metrics.retries, "2")
@@ -366,17 +369,15 @@ async def test_a_rebalance_of_the_command_group_hands_scheduled_retries_to_the_n
 
 
 async def test_an_invalid_command_behind_one_that_waits_for_a_majority_is_counted_once(
-    broker, redis_servers, names
+    broker, stack
 ):
     """A partition waiting for a majority reads the commands behind the waiting one
     again at every retry; an invalid one among them is counted and logged once."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    servers = redis_servers(3)
-    settings = make_settings(
-        broker, topics, redis_urls(servers),
+    s = await stack(
+        raw_partitions=1, clean_partitions=1,
         failures={"mode": "retry", "backoff_initial": "10ms", "backoff_max": "50ms"},
     )  # fmt: skip
+    topics, servers, settings = s.topics, s.servers, s.settings
     async with running(settings) as gateway:
         m = gateway.metrics
         await produce(broker, topics.raw, [copy_of("m-1")])

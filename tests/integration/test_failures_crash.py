@@ -19,9 +19,7 @@ from devtools.harness import (
     RawTuple,
     Topics,
     failure_command,
-    make_settings,
     produce,
-    redis_urls,
     start_process,
     write_toml,
 )
@@ -52,14 +50,13 @@ def retried(records: list[ConsumerRecord[bytes, bytes]]) -> Counter[bytes]:
     )
 
 
-async def test_kill_during_commands_loses_no_retry(broker, redis_servers, names, tmp_path: Path):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=2, clean_partitions=2)
-    traffic = await produce_traffic(broker, topics.raw, IDS, duplicate_share=0.0)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+async def test_kill_during_commands_loses_no_retry(broker, stack, tmp_path: Path):
+    s = await stack(
+        raw_partitions=2, clean_partitions=2,
         kafka={"session_timeout": "2s"}, failures={"backoff_initial": "1ms", "backoff_max": "5ms"},
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
+    traffic = await produce_traffic(broker, topics.raw, IDS, duplicate_share=0.0)
     config = write_toml(tmp_path / "gateway.toml", settings)
     log = tmp_path / "gateway.log"
     proc = start_process(config, log)

@@ -23,13 +23,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from devtools.harness import Topics, clean_ids, make_settings, produce, redis_urls, write_toml
+from devtools.harness import Topics, clean_ids, produce, write_toml
 from devtools.localstack import free_port
 from devtools.topics import committed_offsets, wait_committed
 from gateway.config import load_settings
 from gateway.contract.tokens import owner_token
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
+from tests.integration.conftest import StackFactory
 from tests.integration.test_epochs import restart_empty
 
 
@@ -99,16 +100,13 @@ def record(message_id: str) -> list[tuple[bytes | None, bytes | None, list[tuple
 
 @contextlib.asynccontextmanager
 async def c_noted_behind(
-    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path,
-    stop: signal.Signals,
-) -> AsyncIterator[Scene]:  # fmt: skip
+    broker: str, stack: StackFactory, tmp_path: Path, stop: signal.Signals
+) -> AsyncIterator[Scene]:
     """C misses X (paused), the gateway that holds its fill stops with `stop`, a new
     gateway starts and C is resumed: it lacks X and a stopped run's note says so."""
-    topics = Topics(names)
-    await topics.create(broker)
-    a, b, c = redis_servers(3)
-    settings = make_settings(broker, topics, redis_urls([a, b, c]))
-    config = write_toml(tmp_path / "gateway.toml", settings)
+    s = await stack()
+    topics, (a, b, c) = s.topics, s.servers
+    config = write_toml(tmp_path / "gateway.toml", s.settings)
     config.write_text(config.read_text().replace("[redis]\n", '[redis]\nping_interval = "200ms"\n'))
     # The copy comes from a partition whose token is smaller: it would win a 1:1 tie.
     first_at, copy_at = sorted(range(4), key=lambda p: int(owner_token(topics.raw, p, 1)))[::-1][:2]
@@ -170,13 +168,12 @@ async def note_behind(config: Path, member: str) -> None:
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 async def test_marks_a_paused_member_missed_are_not_lost_across_a_gateway_restart(
-    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path,
-    stop: signal.Signals,
-) -> None:  # fmt: skip
+    broker: str, stack: StackFactory, tmp_path: Path, stop: signal.Signals
+) -> None:
     """No operator command: the new gateway does not count C while the stopped run's
     note stands, then catches C up from B (gateway/quorum/catchup.py) once that note
     is stale; the copy is a duplicate and a fresh id goes through."""
-    async with c_noted_behind(broker, redis_servers, names, tmp_path, stop) as scene:
+    async with c_noted_behind(broker, stack, tmp_path, stop) as scene:
         a, _, c = scene.members
         await empty(scene, a)
         await produce(broker, scene.topics.raw, record("X") + record("Z"), partition=scene.copy_at)
@@ -202,17 +199,15 @@ async def caught_up(scene: Scene, member: Any) -> None:
 
 
 async def test_the_hidden_restart_probe_heals_without_an_operator(
-    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path
+    broker: str, stack: StackFactory, tmp_path: Path
 ) -> None:
     """The issue's probe: three members; C hangs (SIGSTOP) while X is decided, the gateway
     holding C's fill is SIGKILLed, C resumes, another member (A) restarts empty, the
     gateway starts again. No id under two tokens, none lost, and fresh records are
     forwarded once the gateway caught C up, with no operator command."""
-    topics = Topics(names)
-    await topics.create(broker)
-    a, b, c = redis_servers(3)
-    settings = make_settings(broker, topics, redis_urls([a, b, c]))
-    config = write_toml(tmp_path / "gateway.toml", settings)
+    s = await stack()
+    topics, (a, b, c) = s.topics, s.servers
+    config = write_toml(tmp_path / "gateway.toml", s.settings)
     config.write_text(config.read_text().replace("[redis]\n", '[redis]\nping_interval = "200ms"\n'))
     first_at, copy_at = sorted(range(4), key=lambda p: int(owner_token(topics.raw, p, 1)))[::-1][:2]
     port, log = free_port(), tmp_path / "gateway.log"
@@ -244,11 +239,11 @@ async def test_the_hidden_restart_probe_heals_without_an_operator(
 
 
 async def test_with_the_others_emptied_the_member_noted_behind_is_the_rebuild_source(
-    broker: str, redis_servers: Any, names: Callable[[str], str], tmp_path: Path
+    broker: str, stack: StackFactory, tmp_path: Path
 ) -> None:
     """docs/operations.md, "Rebuild runbook": no member is counted (A and B emptied,
     C noted behind): `rebuild` names C, and a majority rebuilt from it resumes."""
-    async with c_noted_behind(broker, redis_servers, names, tmp_path, signal.SIGKILL) as scene:
+    async with c_noted_behind(broker, stack, tmp_path, signal.SIGKILL) as scene:
         a, b, c = scene.members
         await empty(scene, a, b)
         # The stopped run's notes were on A and B and went with their data; a run that

@@ -10,27 +10,21 @@ from collections.abc import Callable
 from typing import Any
 
 from devtools.harness import (
-    Topics,
     clean_ids,
     counter_value,
     eventually,
-    make_settings,
-    redis_urls,
     running,
 )  # fmt: skip
 from devtools.topics import wait_committed
 from devtools.traffic import produce_traffic
 from gateway.raw.source import RawSource
+from tests.integration.conftest import StackFactory
 
 
-async def test_two_gateways_with_rebalances_forward_each_id_exactly_once(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=6)
+async def test_two_gateways_with_rebalances_forward_each_id_exactly_once(broker, stack):
     # Small batches keep the first gateway busy while the second one joins.
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)),
-                             kafka={"max_batch_records": 50})  # fmt: skip
+    s = await stack(raw_partitions=6, kafka={"max_batch_records": 50})
+    topics, settings = s.topics, s.settings
     first = await produce_traffic(broker, topics.raw, 30_000, duplicate_share=0.3, seed=11)
     ends = dict(first.per_partition)
     async with running(settings) as one:
@@ -57,9 +51,7 @@ async def test_two_gateways_with_rebalances_forward_each_id_exactly_once(
     assert max(ids.values()) == 1
 
 
-async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_stale(
-    broker, redis_servers, names
-):
+async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_stale(broker, stack):
     """The window between a fetch and the batch lock: a revoke that runs there
     drains what is in hand and lets the partitions move, so the batch fetched
     just before it is stale (positions restart from the commits). It must be
@@ -78,13 +70,11 @@ async def test_a_batch_fetched_before_a_rebalance_is_read_again_not_forwarded_st
         source.loop.fetch = fetch_then_hold  # type: ignore[method-assign]
         return holding
 
-    reread = await _rebalance_while_held(broker, redis_servers, names, hold_a_fetched_batch)
+    reread = await _rebalance_while_held(broker, stack, hold_a_fetched_batch)
     assert reread > 0  # the held batch was the one left to be read again
 
 
-async def test_a_fetch_that_waits_out_a_rebalance_keeps_the_new_assignments_records(
-    broker, redis_servers, names
-):
+async def test_a_fetch_that_waits_out_a_rebalance_keeps_the_new_assignments_records(broker, stack):
     """The other side of that check: a fetch that began before the revoke and
     returns after it brings records of the new assignment. Dropped as stale,
     they would be lost (the position is past them and later commits too)."""
@@ -106,25 +96,20 @@ async def test_a_fetch_that_waits_out_a_rebalance_keeps_the_new_assignments_reco
         consumer.getmany = getmany_across_the_revoke  # type: ignore[method-assign]
         return entered
 
-    reread = await _rebalance_while_held(broker, redis_servers, names, fetch_after_the_revoke)
+    reread = await _rebalance_while_held(broker, stack, fetch_after_the_revoke)
     assert reread == 0  # its records were the new assignment's: kept
 
 
 async def _rebalance_while_held(
-    broker: str,
-    redis_servers: Any,
-    names: Any,
-    hold: Callable[[RawSource, asyncio.Event], asyncio.Event],
+    broker: str, stack: StackFactory, hold: Callable[[RawSource, asyncio.Event], asyncio.Event]
 ) -> float:
     """Gateway one's fetch is held by `hold` (it returns an event set once held)
     while a second gateway joins and one's revoke runs; every id arrives once.
     Records are produced after it is armed, so the held fetch, and the fetch after
     the revoke, have records to bring whatever one read before. Returns the
     records one left to be read again after the rebalance (`records_reread`)."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=6)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)),
-                             kafka={"max_batch_records": 50})  # fmt: skip
+    s = await stack(raw_partitions=6, kafka={"max_batch_records": 50})
+    topics, settings = s.topics, s.settings
     first = await produce_traffic(broker, topics.raw, 6000, duplicate_share=0.3, seed=21)
     async with running(settings) as one:
         await eventually(lambda: counter_value(one.metrics.forwarded) > 0)
@@ -173,11 +158,9 @@ asyncio.run(member())
 """
 
 
-async def test_a_gateway_stops_promptly_while_the_broker_holds_its_group_join(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    await topics.create(broker)
+async def test_a_gateway_stops_promptly_while_the_broker_holds_its_group_join(broker, stack):
+    s = await stack()
+    topics, settings = s.topics, s.settings
     member = subprocess.Popen(  # noqa: ASYNC220 (started once, before the loop matters)
         [sys.executable, "-c", STALLING_MEMBER, broker, topics.raw, topics.group],
         stdout=subprocess.PIPE,
@@ -186,7 +169,6 @@ async def test_a_gateway_stops_promptly_while_the_broker_holds_its_group_join(
         assert member.stdout is not None
         assert await asyncio.to_thread(member.stdout.readline) == b"assigned\n"
         member.send_signal(signal.SIGSTOP)
-        settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
         loop = asyncio.get_running_loop()
         async with running(settings) as gateway:
             await eventually(lambda: gateway.source is not None)  # in its fetch loop

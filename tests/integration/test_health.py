@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from devtools.harness import Topics, eventually, make_settings, produce, redis_urls, running
+from devtools.harness import eventually, produce, running
 from devtools.topics import wait_committed
 
 
@@ -13,12 +13,9 @@ async def _status(session: aiohttp.ClientSession, port: int, path: str) -> tuple
         return response.status, await response.text()
 
 
-async def test_a_gateway_without_partitions_is_ready_when_the_group_outnumbers_them(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(3)))
+async def test_a_gateway_without_partitions_is_ready_when_the_group_outnumbers_them(broker, stack):
+    s = await stack(raw_partitions=1)
+    topics, settings = s.topics, s.settings
     async with running(settings) as one, running(settings) as two:
         # The group settles: one member owns the single partition, the other none.
         await eventually(

@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 
-from devtools.harness import Topics, counter_value, eventually, make_settings, redis_urls, running
+from devtools.harness import Topics, counter_value, eventually, running
 from devtools.topics import create_topics, read_topic, wait_committed
 from gateway.contract.records import H_ID, H_LANE, H_SOURCE
 from gateway.service.app import Gateway
+from tests.integration.conftest import Stack, StackFactory
 
 LOW, HIGH, SHARED = 40_000, 4_000, 1_000
 PER_BATCH = 100  # small produce batches: the test broker's ListOffsets counts batches
@@ -44,29 +46,27 @@ async def produce_ids(bootstrap: str, topic: str, ids: list[str], partitions: in
         await producer.stop()
 
 
-async def backlog(broker: str, names) -> tuple[Topics, str, str, list[int], list[int]]:
-    """40k low-lane records, then 4k high-lane records; 1k ids on both (the last of the
-    low backlog, the first of the high lane)."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+async def backlog(
+    stack: StackFactory, names: Callable[[str], str]
+) -> tuple[Stack, str, str, list[int], list[int]]:
+    """A high and a low lane; 40k low-lane records, then 4k high-lane records; 1k ids on
+    both (the last of the low backlog, the first of the high lane)."""
     high, low = names("high"), names("low")
+    s = await stack(
+        raw_partitions=1,
+        lanes=[
+            {"name": "high", "raw_topics": [high], "priority": 10, "lag_threshold": 100},
+            {"name": "low", "raw_topics": [low], "priority": 0},
+        ],
+    )  # fmt: skip
+    broker = s.broker
     await create_topics(broker, {high: 2, low: 4})
     shared = [f"s-{i}" for i in range(SHARED)]
     low_counts = await produce_ids(broker, low, [f"l-{i}" for i in range(LOW - SHARED)] + shared, 4)
     high_counts = await produce_ids(
         broker, high, shared + [f"h-{i}" for i in range(HIGH - SHARED)], 2
     )
-    return topics, high, low, high_counts, low_counts
-
-
-def lane_settings(broker: str, topics: Topics, redis: list[str], high: str, low: str):
-    return make_settings(
-        broker, topics, redis,
-        lanes=[
-            {"name": "high", "raw_topics": [high], "priority": 10, "lag_threshold": 100},
-            {"name": "low", "raw_topics": [low], "priority": 0},
-        ],
-    )  # fmt: skip
+    return s, high, low, high_counts, low_counts
 
 
 async def low_read_when_high_done(gateways: list[Gateway], high: str, low: str) -> float:
@@ -95,10 +95,10 @@ async def check_output(broker: str, topics: Topics, high: str, low: str, high_co
 
 
 async def test_a_high_lane_overtakes_a_low_backlog_and_shared_ids_come_from_it_once(
-    broker, redis_servers, names
+    broker, stack, names
 ):
-    topics, high, low, high_counts, low_counts = await backlog(broker, names)
-    settings = lane_settings(broker, topics, redis_urls(redis_servers(3)), high, low)
+    s, high, low, high_counts, low_counts = await backlog(stack, names)
+    topics, settings = s.topics, s.settings
     async with running(settings) as gateway:
         low_taken = await asyncio.wait_for(low_read_when_high_done([gateway], high, low), 60)
         await check_output(broker, topics, high, low, high_counts, low_counts)
@@ -106,14 +106,12 @@ async def test_a_high_lane_overtakes_a_low_backlog_and_shared_ids_come_from_it_o
     assert counter_value(gateway.metrics.lane_paused, "low") == 0  # released once drained
 
 
-async def test_two_gateways_in_one_group_hold_the_low_lane_for_the_high_one(
-    broker, redis_servers, names
-):
-    topics, high, low, high_counts, low_counts = await backlog(broker, names)
-    settings = lane_settings(broker, topics, redis_urls(redis_servers(3)), high, low)
-    async with contextlib.AsyncExitStack() as stack:
-        one = await stack.enter_async_context(running(settings))
-        two = await stack.enter_async_context(running(settings))
+async def test_two_gateways_in_one_group_hold_the_low_lane_for_the_high_one(broker, stack, names):
+    s, high, low, high_counts, low_counts = await backlog(stack, names)
+    topics, settings = s.topics, s.settings
+    async with contextlib.AsyncExitStack() as gateways:
+        one = await gateways.enter_async_context(running(settings))
+        two = await gateways.enter_async_context(running(settings))
         low_taken = await asyncio.wait_for(low_read_when_high_done([one, two], high, low), 60)
         await check_output(broker, topics, high, low, high_counts, low_counts)
         # Both are members holding partitions. Whether the second took records too is
@@ -125,22 +123,21 @@ async def test_two_gateways_in_one_group_hold_the_low_lane_for_the_high_one(
 
 
 async def test_a_low_lane_held_past_max_starve_is_let_through_while_the_high_lane_still_lags(
-    broker, redis_servers, names
+    broker, stack, names
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
     high, low = names("high"), names("low")
-    await create_topics(broker, {high: 2, low: 2})
-    low_counts = await produce_ids(broker, low, [f"l-{i}" for i in range(2_000)], 2)
-    high_counts = await produce_ids(broker, high, [f"h-{i}" for i in range(30_000)], 2)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=1,
         kafka={"max_batch_records": 100},  # a slow drain of the high lane: many batches
         lanes=[
             {"name": "high", "raw_topics": [high], "priority": 1, "lag_threshold": 0},
             {"name": "low", "raw_topics": [low], "priority": 0, "max_starve": "500ms"},
         ],
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
+    await create_topics(broker, {high: 2, low: 2})
+    low_counts = await produce_ids(broker, low, [f"l-{i}" for i in range(2_000)], 2)
+    high_counts = await produce_ids(broker, high, [f"h-{i}" for i in range(30_000)], 2)
     async with running(settings) as gateway:
 
         def taken(topic: str) -> float:
@@ -158,22 +155,21 @@ async def test_a_low_lane_held_past_max_starve_is_let_through_while_the_high_lan
 
 
 async def test_a_lane_with_its_own_clean_topic_gets_its_records_and_ids_stay_unique_across_both(
-    broker, redis_servers, names
+    broker, stack, names
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
     high, low, high_clean = names("high"), names("low"), names("high-clean")
-    await create_topics(broker, {high: 2, low: 2, high_clean: 2})
-    shared = [f"s-{i}" for i in range(200)]
-    low_counts = await produce_ids(broker, low, [f"l-{i}" for i in range(800)] + shared, 2)
-    high_counts = await produce_ids(broker, high, shared + [f"h-{i}" for i in range(300)], 2)
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
+    s = await stack(
+        raw_partitions=1,
         lanes=[
             {"name": "high", "raw_topics": [high], "priority": 1, "clean_topic": high_clean},
             {"name": "low", "raw_topics": [low], "priority": 0},
         ],
     )  # fmt: skip
+    topics, settings = s.topics, s.settings
+    await create_topics(broker, {high: 2, low: 2, high_clean: 2})
+    shared = [f"s-{i}" for i in range(200)]
+    low_counts = await produce_ids(broker, low, [f"l-{i}" for i in range(800)] + shared, 2)
+    high_counts = await produce_ids(broker, high, shared + [f"h-{i}" for i in range(300)], 2)
     async with running(settings):
         await wait_committed(broker, topics.group, high, dict(enumerate(high_counts)))
         await wait_committed(broker, topics.group, low, dict(enumerate(low_counts)))

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from devtools.harness import (
-    Topics,
     clean_ids,
     make_settings,
     produce,
@@ -26,23 +25,23 @@ from gateway.config import load_settings
 from gateway.contract.tokens import mark_digest
 from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
+from tests.integration.conftest import StackFactory
 from tests.integration.test_bad_input import GOOD
 from tests.integration.test_first_hour import run, write_config
 
 
 async def test_a_wrong_password_on_one_member_of_three_serves_and_names_it(
-    broker: str, redis_servers: Any, names: Any, caplog: pytest.LogCaptureFixture
+    broker: str, stack: StackFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A password rotated on one member: the restarted gateways stopped at start-up,
     while a member down was fine. Now they serve with the other two, an ERROR names
     the member, and /readyz (ready) names it too."""
     caplog.set_level(logging.INFO)
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(raw_partitions=1, password="right-pw")
+    topics, servers = s.topics, s.servers
     await produce(broker, topics.raw, [GOOD])
-    servers = redis_servers(3, password="right-pw")
-    urls = [f"redis://:{'wrong-pw' if i == 1 else 'right-pw'}@127.0.0.1:{s.port}/0"
-            for i, s in enumerate(servers)]  # fmt: skip
+    urls = [f"redis://:{'wrong-pw' if i == 1 else 'right-pw'}@127.0.0.1:{server.port}/0"
+            for i, server in enumerate(servers)]  # fmt: skip
     refused = servers[1].name_label
     async with running(make_settings(broker, topics, urls)) as gateway:
         await wait_committed(broker, topics.group, topics.raw, {0: 1})
@@ -55,13 +54,12 @@ async def test_a_wrong_password_on_one_member_of_three_serves_and_names_it(
 
 
 async def test_wrong_passwords_on_a_majority_stop_start_up_naming_them(
-    broker: str, redis_servers: Any, names: Any, tmp_path: Path
+    broker: str, stack: StackFactory, tmp_path: Path
 ) -> None:
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
-    servers = redis_servers(3, password="right-pw")
-    urls = [f"redis://:{'right-pw' if i == 0 else 'wrong-pw'}@127.0.0.1:{s.port}/0"
-            for i, s in enumerate(servers)]  # fmt: skip
+    s = await stack(raw_partitions=1, password="right-pw")
+    topics, servers = s.topics, s.servers
+    urls = [f"redis://:{'right-pw' if i == 0 else 'wrong-pw'}@127.0.0.1:{server.port}/0"
+            for i, server in enumerate(servers)]  # fmt: skip
     config = write_toml(tmp_path / "gateway.toml", make_settings(broker, topics, urls))
     started = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "gateway", "run", "--config", str(config)],
@@ -76,11 +74,10 @@ async def test_wrong_passwords_on_a_majority_stop_start_up_naming_them(
 
 
 async def test_three_databases_of_one_server_are_refused_at_start_up(
-    broker: str, redis_servers: Any, names: Any, tmp_path: Path
+    broker: str, stack: StackFactory, tmp_path: Path
 ) -> None:
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
-    (server,) = redis_servers(1)
+    s = await stack(members=1, raw_partitions=1)
+    topics, (server,) = s.topics, s.servers
     urls = [f"redis://127.0.0.1:{server.port}/{db}" for db in range(3)]
     config = write_toml(tmp_path / "gateway.toml", make_settings(broker, topics, urls))
     started = await asyncio.to_thread(

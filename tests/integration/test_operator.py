@@ -221,15 +221,14 @@ def test_an_unconditional_release_confirmed_at_the_terminal_releases_the_mark(
 
 
 async def test_redrive_leaves_a_dead_letter_no_majority_released_and_redrives_it_once_later(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    servers = redis_servers(3, aof=True)  # restarted members keep their marks
-    settings = make_settings(
-        broker, topics, redis_urls(servers),
+    s = await stack(
+        raw_partitions=1, clean_partitions=1,
+        aof=True,  # restarted members keep their marks
         failures={"max_attempts": 1, "backoff_initial": "1ms"},
     )  # fmt: skip
+    topics, servers, settings = s.topics, s.servers, s.settings
     config = write_toml(tmp_path / "g.toml", settings)
     redrive_group = f"{topics.group}.redrive"
     async with running(settings) as gateway:

@@ -6,12 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from devtools.harness import (
-    Topics,
     clean_ids,
     counter_value,
     eventually,
-    make_settings,
-    redis_urls,
     running,
 )
 from devtools.topics import wait_committed
@@ -37,27 +34,23 @@ def _ends(*traffics):
     return ends
 
 
-async def test_one_instance_stopped_loses_nothing_and_duplicates_nothing(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    await topics.create(broker)
-    servers = redis_servers(3)
+async def test_one_instance_stopped_loses_nothing_and_duplicates_nothing(broker, stack):
+    s = await stack()
+    topics, servers = s.topics, s.servers
     servers[2].stop()
     traffic = await produce_traffic(broker, topics.raw, 3000, duplicate_share=0.3)
-    async with running(make_settings(broker, topics, redis_urls(servers))) as gateway:
+    async with running(s.settings) as gateway:
         await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
         assert counter_value(gateway.metrics.redis_errors, servers[2].name_label, "connection") > 0
     await _assert_exactly_once(broker, topics, traffic.unique_ids)
 
 
-async def test_one_instance_hung_times_out_and_the_majority_decides(broker, redis_servers, names):
-    topics = Topics(names)
-    await topics.create(broker)
-    servers = redis_servers(3)
+async def test_one_instance_hung_times_out_and_the_majority_decides(broker, stack):
+    s = await stack()
+    topics, servers = s.topics, s.servers
     servers[0].pause()  # SIGSTOP: holds the socket, answers nothing
     traffic = await produce_traffic(broker, topics.raw, 2000, duplicate_share=0.3)
-    async with running(make_settings(broker, topics, redis_urls(servers))) as gateway:
+    async with running(s.settings) as gateway:
         await wait_committed(broker, topics.group, topics.raw, traffic.per_partition)
         assert counter_value(gateway.metrics.redis_errors, servers[0].name_label, "timeout") > 0
     servers[0].resume()
@@ -65,12 +58,10 @@ async def test_one_instance_hung_times_out_and_the_majority_decides(broker, redi
 
 
 async def test_instance_restarted_empty_is_recovering_not_counted_and_duplicates_still_drop(
-    broker, redis_servers, names
+    broker, stack
 ):
-    topics = Topics(names)
-    await topics.create(broker)
-    servers = redis_servers(3)
-    settings = make_settings(broker, topics, redis_urls(servers))
+    s = await stack()
+    topics, servers, settings = s.topics, s.servers, s.settings
     settings.redis.ping_interval = timedelta(milliseconds=200)
     first = await produce_traffic(broker, topics.raw, 2000, duplicate_share=0.2, seed=1)
     async with running(settings) as gateway:
@@ -93,14 +84,11 @@ async def test_instance_restarted_empty_is_recovering_not_counted_and_duplicates
     await _assert_exactly_once(broker, topics, first.unique_ids | again.unique_ids)
 
 
-async def test_majority_down_stops_progress_then_resumes_without_loss_or_duplicates(
-    broker, redis_servers, names
-):
-    topics = Topics(names)
-    await topics.create(broker)
-    servers = redis_servers(3, aof=True)  # marks survive a restart, as in production
+async def test_majority_down_stops_progress_then_resumes_without_loss_or_duplicates(broker, stack):
+    s = await stack(aof=True)  # marks survive a restart, as in production
+    topics, servers = s.topics, s.servers
     first = await produce_traffic(broker, topics.raw, 1000, duplicate_share=0.2, seed=3)
-    async with running(make_settings(broker, topics, redis_urls(servers))) as gateway:
+    async with running(s.settings) as gateway:
         await wait_committed(broker, topics.group, topics.raw, first.per_partition)
         forwarded_before = counter_value(gateway.metrics.forwarded)
         servers[0].stop()
@@ -131,15 +119,13 @@ async def _pause_members(settings: Settings, members: list[int], paused: bool) -
 
 
 async def test_a_batch_claimed_ahead_of_a_block_leaves_the_blocked_partition_to_be_read_again(
-    broker, redis_servers, names
+    broker, stack
 ):
     """The next batch's claims are sent while a batch's vote is awaited: when that
     vote blocks a partition, the next batch's records of it (past the block) must be
     neither forwarded nor committed, nor move the partition past the block."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
-    servers = redis_servers(3)
-    settings = make_settings(broker, topics, redis_urls(servers), kafka={"max_batch_records": 50})
+    s = await stack(raw_partitions=1, kafka={"max_batch_records": 50})
+    topics, settings = s.topics, s.settings
     settings.redis.ping_interval = timedelta(milliseconds=200)
     # All in the partition before the gateway reads: its first fetch brings more
     # than one batch, so the second is claimed while the first is voted on.

@@ -5,7 +5,7 @@ scripts.FILL), from a bounded queue."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -17,7 +17,6 @@ from devtools.harness import (
     clean_ids,
     counter_value,
     eventually,
-    make_settings,
     redis_urls,
     running,
 )
@@ -29,16 +28,15 @@ from gateway.metrics import Metrics
 from gateway.quorum.quorum import Quorum
 from gateway.raw.pipeline import Pipeline
 from gateway.rules.vote import MINE, Outcome
+from tests.integration.conftest import StackFactory
 from tests.integration.redis_marks import alone, noted_behind_on, owners_on
 
 
 async def test_marks_a_hung_instance_missed_are_completed_when_it_resumes_and_outlive_another_loss(
-    broker: str, redis_servers: Any, names: Callable[[str], str]
+    broker: str, stack: StackFactory
 ) -> None:
-    topics = Topics(names)
-    await topics.create(broker)
-    servers = redis_servers(3)
-    settings = make_settings(broker, topics, redis_urls(servers))
+    s = await stack()
+    topics, servers, settings = s.topics, s.servers, s.settings
     settings.redis.ping_interval = timedelta(milliseconds=200)
     first = await produce_traffic(broker, topics.raw, 1500, duplicate_share=0.3, seed=5)
     digests = [mark_digest(i.encode()) for i in sorted(first.unique_ids)]

@@ -25,15 +25,13 @@ WINDOW_S = 7.0  # reports due at 0, 2 and 6 s; once a second would be 8
 
 
 async def test_without_a_redis_majority_the_gateway_reports_at_a_falling_rate_then_serves(
-    broker, redis_servers, names, tmp_path
+    broker, stack, tmp_path
 ):
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
-    servers = redis_servers(3)
+    s = await stack(raw_partitions=1, clean_partitions=1)
+    topics, servers = s.topics, s.servers
     for server in servers[1:]:
         server.stop()
-    config = write_toml(tmp_path / "gateway.toml",
-                        make_settings(broker, topics, redis_urls(servers)))  # fmt: skip
+    config = write_toml(tmp_path / "gateway.toml", s.settings)
     log = tmp_path / "gateway.log"
     gateway = start_process(config, log)
     try:

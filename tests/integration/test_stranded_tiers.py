@@ -11,7 +11,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from devtools.harness import (
-    Topics,
     make_settings,
     produce,
     redis_urls,
@@ -24,16 +23,17 @@ from gateway.errors import ConfigError
 from gateway.ops.check_kafka import _leftover_findings
 from gateway.ops.findings import Severity
 from gateway.rules.tiers import tier_topics
+from tests.integration.conftest import StackFactory
 
 
 async def test_a_renamed_clean_topic_with_delay_off_is_refused_while_its_tier_holds_records(
-    broker: str, names: Callable[[str], str]
+    broker: str, stack: StackFactory, names: Callable[[str], str]
 ) -> None:
     """A record waits in a tier of the old clean topic (the delay group read that tier);
     the clean topic is renamed and `[delay]` switched off: nothing would ever deliver it
     and its id stays claimed. Start-up is refused and check-config warns, naming it."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    s = await stack(members=0, raw_partitions=1, clean_partitions=1, delay={"enabled": False})
+    topics, settings = s.topics, s.settings
     old_tier = f"{names('clean-old')}.delay.16s"
     await create_topics(broker, {old_tier: 1})
     producer = AIOKafkaProducer(bootstrap_servers=broker)
@@ -53,7 +53,6 @@ async def test_a_renamed_clean_topic_with_delay_off_is_refused_while_its_tier_ho
         await consumer.commit({TopicPartition(old_tier, 0): 1})
     finally:
         await consumer.stop()
-    settings = make_settings(broker, topics, ["redis://127.0.0.1:1/0"], delay={"enabled": False})
 
     with pytest.raises(ConfigError, match=f"tier topic\\(s\\) {old_tier} \\("):
         await refuse_stranded_tiers(settings)
@@ -68,21 +67,18 @@ async def test_a_renamed_clean_topic_with_delay_off_is_refused_while_its_tier_ho
 
 
 async def test_a_tier_drained_under_exactly_once_holds_nothing_and_delay_may_go_off(
-    broker: str, names: Callable[[str], str], redis_servers
+    broker: str, stack: StackFactory
 ) -> None:
     """With `exactly_once` every tier write ends in a transaction's commit marker, an
     offset of its own after the last record: a drained tier's end offset is one past
     the delay group's commit. Only data records count as waiting: the backlog metric
     comes back to 0 and start-up with `[delay]` off is accepted."""
-    topics = Topics(names)
-    nodes = redis_urls(redis_servers(3))
-    settings = make_settings(
-        broker, topics, nodes,
+    s = await stack(
+        raw_partitions=1, clean_partitions=1, tier_partitions=1,
         kafka={"exactly_once": "on"}, delay={"enabled": True, "tiers": ["1s"]},
     )  # fmt: skip
-    await topics.create(broker, raw_partitions=1, clean_partitions=1)
+    topics, nodes, settings = s.topics, redis_urls(s.servers), s.settings
     (tier,) = tier_topics(settings)
-    await create_topics(broker, {tier: 1})
     async with running(settings) as gateway:
         await until(gateway, lambda: bool(gateway.partitions()), timeout_s=60)
         await produce(broker, topics.raw, [

@@ -103,14 +103,11 @@ async def test_a_mistyped_topic_is_never_created_and_holds_readyz_at_503_naming_
 
 
 async def test_a_missing_topic_created_while_the_gateway_waits_makes_it_ready_by_itself(
-    broker, redis_servers, names
+    broker, stack, names
 ):
-    topics = Topics(names)
-    await topics.create(broker)
     late = names("late-raw")
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(1)), kafka={"raw_topics": [late]}
-    )
+    s = await stack(members=1, kafka={"raw_topics": [late]})
+    topics, settings = s.topics, s.settings
     async with running(Gateway(settings, config=Path("g.toml"))) as gateway:
         body = await _until_readyz(gateway, 503)
         while body.strip() == "starting":  # before the topics are checked

@@ -16,12 +16,10 @@ import pytest
 from aiokafka import TopicPartition
 
 from devtools.harness import (
-    Topics,
     clean_ids,
     counter_value,
     eventually,
     failure_command,
-    make_settings,
     produce,
     running,
 )
@@ -217,21 +215,20 @@ async def test_a_revoke_while_reading_past_a_bad_command_waits_for_what_was_read
         await quorum.close()
 
 
-async def test_a_salvage_reads_on_towards_a_bad_record_beyond_max_records(broker, names):
+async def test_a_salvage_reads_on_towards_a_bad_record_beyond_max_records(broker, stack):
     """Issue 41: a lenient read that found no unparseable record within `max_records`
     of where the loop stands (here 2, with 3 batches before the bad one) took nothing,
     counted a failure and backed the loop off, at every try: the partition never got
     past it. Now the records read are taken, the partition reads on after them, and
     the next salvage meets the bad record."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(members=0, raw_partitions=1)
+    topics, settings = s.topics, s.settings
     tp = TopicPartition(topics.raw, 0)
     for i in range(3):  # a batch each
         await produce(broker, topics.raw, [copy_of(f"g-{i}")], partition=0)
     await produce_raw_batch(
         broker, topics.raw, 0, batch_with_bad_header_name([copy_of("c-3"), copy_of("c-4")], bad=1)
     )
-    settings = make_settings(broker, topics, ["redis://127.0.0.1:1"])
     consumer = build_consumer(settings.kafka, f"{topics.group}.salvage")  # no commits yet
     await consumer.start()
     consumer.assign([tp])
@@ -255,18 +252,17 @@ async def test_a_salvage_reads_on_towards_a_bad_record_beyond_max_records(broker
         await consumer.stop()
 
 
-async def test_a_salvage_that_finds_its_partition_paused_holds_the_loop_back_little(broker, names):
+async def test_a_salvage_that_finds_its_partition_paused_holds_the_loop_back_little(broker, stack):
     """Issue 41: a block can pause the partition holding the bad record between the
     failed fetch and the lenient read, which then reads nothing: the raw loop counted a
     failure and slept, doubling up to 30 s, whole, even once the quorum was back. Now
     it waits at most `EMPTY_WAIT_S`'s last, and reads the partition when it resumes."""
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(members=0, raw_partitions=1)
+    topics, settings = s.topics, s.settings
     tp = TopicPartition(topics.raw, 0)
     await produce_raw_batch(
         broker, topics.raw, 0, batch_with_bad_header_name([copy_of("c-0"), copy_of("c-1")], bad=1)
     )
-    settings = make_settings(broker, topics, ["redis://127.0.0.1:1"])
     consumer = build_consumer(settings.kafka, f"{topics.group}.salvage")  # no commits yet
     await consumer.start()
     consumer.assign([tp])

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.harness import Topics, clean_ids, make_settings, redis_urls, write_toml
+from devtools.harness import clean_ids, write_toml
 from devtools.localstack import free_port
 from devtools.topics import committed_offsets, wait_committed
 from devtools.traffic import produce_traffic
@@ -84,17 +84,12 @@ async def scrape(port: int) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-async def test_killed_worker_is_restarted_and_nothing_is_lost(
-    broker, redis_servers, names, tmp_path: Path
-):
-    topics = Topics(names)
-    await topics.create(broker)  # 4 raw partitions: 2 per worker
+async def test_killed_worker_is_restarted_and_nothing_is_lost(broker, stack, tmp_path: Path):
+    # 4 raw partitions: 2 per worker
+    s = await stack(kafka={"max_batch_records": BATCH, "session_timeout": "2s"})
+    topics, settings = s.topics, s.settings
     traffic = await produce_traffic(broker, topics.raw, 60_000, duplicate_share=0.3, seed=8)
     total = sum(traffic.per_partition.values())
-    settings = make_settings(
-        broker, topics, redis_urls(redis_servers(3)),
-        kafka={"max_batch_records": BATCH, "session_timeout": "2s"},
-    )  # fmt: skip
     config = write_toml(tmp_path / "gateway.toml", settings)
     port = free_port()
     log = tmp_path / "gateway.log"
@@ -139,12 +134,9 @@ async def test_killed_worker_is_restarted_and_nothing_is_lost(
     assert sum(ids.values()) - len(ids) <= BATCH  # only what was in flight at the kill
 
 
-async def test_workers_do_not_outlive_a_killed_supervisor(
-    broker, redis_servers, names, tmp_path: Path
-):
-    topics = Topics(names)
-    await topics.create(broker)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(1)))
+async def test_workers_do_not_outlive_a_killed_supervisor(stack, tmp_path: Path):
+    s = await stack(members=1)
+    settings = s.settings
     config = write_toml(tmp_path / "gateway.toml", settings)
     log = tmp_path / "gateway.log"
     port = free_port()

@@ -36,14 +36,13 @@ JSON_BODIED = [
 
 
 async def test_a_wrong_id_turns_readyz_degraded_rate_limits_warnings_and_loses_nothing(
-    broker, redis_servers, names, caplog, monkeypatch
+    broker, stack, caplog, monkeypatch
 ):
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(quarantine, "LOG_EVERY_S", 1.0)  # the counted lines within the test
-    topics = Topics(names)
-    await topics.create(broker, raw_partitions=1)
+    s = await stack(members=1, raw_partitions=1)
+    topics, settings = s.topics, s.settings
     await produce(broker, topics.raw, JSON_BODIED)
-    settings = make_settings(broker, topics, redis_urls(redis_servers(1)))
     assert settings.dedup.id == "header:message-id"  # the example's, left as it is
     raw = re.escape(topics.raw)
     one = re.compile(rf"^quarantined {raw}/0/\d+: missing_header: no header 'message-id'$")
