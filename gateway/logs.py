@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from aiokafka.errors import KafkaError
 from pythonjsonlogger.json import JsonFormatter
 
 from gateway.config import LogSettings
@@ -31,8 +32,25 @@ class UtcJsonFormatter(JsonFormatter):
         super().__init__(FORMAT, rename_fields={"asctime": "ts", "levelname": "level"})
 
 
+class RetriedIsNoError(logging.Filter):
+    """aiokafka logs at ERROR some failures it retries by itself: the group coordinator
+    not available yet while a new broker creates its offsets topic (every first start,
+    twice), a partition's leader moving. Such a line, with a retriable `KafkaError` in
+    its arguments, is a WARNING, and only shown where warnings are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.levelno == logging.ERROR and any(
+            isinstance(arg, KafkaError) and arg.retriable for arg in args
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return logging.getLogger(record.name).isEnabledFor(logging.WARNING)
+        return True
+
+
 def configure(settings: LogSettings) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RetriedIsNoError())
     if settings.json_format:
         handler.setFormatter(UtcJsonFormatter())
     else:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
+from aiokafka.errors import GroupCoordinatorNotAvailableError, UnknownError
 
 from gateway.config import LogSettings
 from gateway.logs import configure
@@ -60,3 +61,16 @@ def test_plain_text_mode_is_one_line_without_json(configured):
     assert re.fullmatch(
         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gateway.source partitions assigned: raw-0", line
     )
+
+
+@pytest.mark.parametrize("level", ["INFO", "ERROR"])
+def test_a_failure_aiokafka_retries_is_a_warning_not_an_error(configured, level):
+    stderr = configured(LogSettings(level=level))
+    coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
+    coordinator.error("Group Coordinator Request failed: %s", GroupCoordinatorNotAvailableError())
+    coordinator.error("Group Coordinator Request failed: %s", UnknownError())  # not retriable
+    lines = stderr.getvalue().splitlines()
+    assert [line.split()[2] for line in lines] == (
+        ["WARNING", "ERROR"] if level == "INFO" else ["ERROR"]
+    )
+    assert "UnknownError" in lines[-1]
