@@ -20,7 +20,9 @@ import pytest
 
 from tests.deployment.conftest import REPO
 
-pytestmark = pytest.mark.timeout(600)
+# Minutes (the pack built, then spark-submit on a local-cluster): `make test-long` runs it,
+# beside the standalone cluster's tests.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.spark_cluster]
 
 SCRIPT = REPO / "scripts" / "pack-spark-env.sh"
 PYVER = f"python{sys.version_info[0]}.{sys.version_info[1]}"

@@ -302,4 +302,13 @@ async def test_delayed_records_arrive_once_and_never_early_across_a_sigkill(
         f"the {(caught_up - killed_ms) / 1000:.1f}s outage: p99 {p99_normal:.3f}s over "
         f"{len(normal)} ids; replayed moves (same token): {repeats}"
     )
-    assert p99_normal < 3.0  # target under 1 s here; a loose bound for a shared machine
+    late = sorted(
+        ((first_read[i] - d) / 1000, (d - killed_ms) / 1000, (first_read[i] - killed_ms) / 1000)
+        for i, d in due_of.items()
+        if (first_read[i] < killed_ms or d > caught_up) and first_read[i] - d > 1000
+    )
+    # A loose bound for a shared machine (here alone: p99 under 0.4 s, docs/delay.md).
+    assert p99_normal < 3.0, (
+        f"late outside the outage (lateness, due and first read, s after the kill; the "
+        f"outage ended {(caught_up - killed_ms) / 1000:.1f}s after it): {late}"
+    )
