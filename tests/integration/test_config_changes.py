@@ -94,16 +94,21 @@ async def send_due_later(
     return due_of
 
 
-async def test_start_up_is_refused_with_delay_off_while_a_tier_holds_waiting_records(
-    broker, stack, tmp_path
-):
-    s = await stack(
+async def one_partition_with_tiers(stack: Any) -> Any:
+    """One raw and one clean partition, `[delay]` on (two partitions a tier), a 2 s session."""
+    return await stack(
         raw_partitions=1,
         clean_partitions=1,
         tier_partitions=2,
         kafka={"session_timeout": "2s"},
         delay=DELAY_ON,
     )
+
+
+async def test_start_up_is_refused_with_delay_off_while_a_tier_holds_waiting_records(
+    broker, stack, tmp_path
+):
+    s = await one_partition_with_tiers(stack)
     topics, nodes, on = s.topics, redis_urls(s.servers), s.settings
     off = delay_settings(broker, topics, nodes, kafka={"session_timeout": "2s"},
                          delay={"enabled": False})  # fmt: skip
@@ -137,13 +142,7 @@ async def test_start_up_is_refused_with_delay_off_while_a_tier_holds_waiting_rec
 async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_once_when_due(
     broker, stack, tmp_path
 ):
-    s = await stack(
-        raw_partitions=1,
-        clean_partitions=1,
-        tier_partitions=2,
-        kafka={"session_timeout": "2s"},
-        delay=DELAY_ON,
-    )
+    s = await one_partition_with_tiers(stack)
     topics, nodes, before = s.topics, redis_urls(s.servers), s.settings
     after = delay_settings(
         broker, topics, nodes, kafka={"session_timeout": "2s"}, delay={"tiers": TIERS[:-1]}
@@ -177,13 +176,7 @@ async def test_a_tier_removed_while_records_wait_in_it_is_drained_each_record_on
 async def test_the_tiers_of_a_renamed_clean_topic_are_drained_into_the_new_one(
     broker, stack, names, tmp_path
 ):
-    s = await stack(
-        raw_partitions=1,
-        clean_partitions=1,
-        tier_partitions=2,
-        kafka={"session_timeout": "2s"},
-        delay=DELAY_ON,
-    )
+    s = await one_partition_with_tiers(stack)
     topics, nodes, before = s.topics, redis_urls(s.servers), s.settings
     renamed = names("clean-renamed")
     after = delay_settings(
