@@ -179,7 +179,6 @@ class TransactionalCompletions:
         producer = build()
         await producer.start()  # InitProducerId: aborts what an earlier holder of the id left
         transactions = Transactions(loop, producer, build)
-
         self.stack.push_async_callback(transactions.stop)
         return TransactionalCompletion(consumer, loop, transactions, self.kafka, self.metrics)
 

@@ -26,6 +26,8 @@ from gateway.errors import BadRecord
 from gateway.kafka.sink import Sink
 from gateway.kafka.transactions import Member
 from gateway.metrics import Metrics
+from gateway.quorum.link import Fill
+from gateway.quorum.repairs import Repair
 from gateway.raw.quarantine import QuarantineWatch
 from gateway.raw.routes import Direct, Routes, Send
 from gateway.rules.classify import Decided, PartitionBatch, Policy, classify
@@ -48,9 +50,7 @@ class Voter(Protocol):
         """Per member, its reply for each digest (None: no answer)."""
 
     async def settle(
-        self,
-        repairs: Sequence[list[tuple[bytes, str, str]]],
-        fills: Sequence[Iterable[tuple[bytes, str, str]]],
+        self, repairs: Sequence[list[Repair]], fills: Sequence[Iterable[Fill]]
     ) -> bool:
         """Repair and fill after a vote; False: the batch must be tried again."""
 
