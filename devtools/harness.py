@@ -137,6 +137,7 @@ def write_toml(path: Path, settings: Settings) -> Path:
         f'session_timeout = "{int(k.session_timeout.total_seconds() * 1000)}ms"',
         f'exactly_once = "{k.exactly_once}"',
         f'transaction_timeout = "{int(k.transaction_timeout.total_seconds() * 1000)}ms"',
+        f'drain_timeout = "{int(k.drain_timeout.total_seconds() * 1000)}ms"',
         *([f'group_instance_id = "{k.group_instance_id}"'] if k.group_instance_id else []),
         "[redis]",
         "nodes = [" + ", ".join(f'"{n}"' for n in r.nodes) + "]",

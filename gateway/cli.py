@@ -7,13 +7,10 @@ import asyncio
 import base64
 import binascii
 import gc
-import io
 import json
 import logging
 import os
-import signal
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ from gateway.config import (
 from gateway.errors import BrokerUnreachable
 from gateway.logs import configure
 from gateway.metrics import package_version
+from gateway.service.signals import until_signalled
 from gateway.settings_text import to_toml
 
 logger = logging.getLogger("gateway")
@@ -46,37 +44,6 @@ def _settings(args: argparse.Namespace) -> Settings:
         # An operator command's output is its report: the service's INFO lines only with -v.
         logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
     return settings
-
-
-async def _until_signalled(main: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
-    """Run `main`; the first SIGINT/SIGTERM sets `stop`, a second one exits at once."""
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: signal.Signals) -> None:
-        if stop.is_set():
-            logger.error("second %s: exiting without draining", sig.name)
-            os._exit(130)
-        logger.info("%s: draining in-flight work, then stopping", sig.name)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
-    loop.add_signal_handler(signal.SIGUSR1, log_tasks)
-    try:
-        await main
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-            loop.remove_signal_handler(sig)
-
-
-def log_tasks() -> None:
-    """SIGUSR1: log where every asyncio task waits (for a process that will not stop)."""
-    tasks = asyncio.all_tasks()
-    logger.warning("SIGUSR1: %d asyncio tasks", len(tasks))
-    for task in tasks:
-        out = io.StringIO()
-        task.print_stack(file=out)
-        logger.warning("task %s:\n%s", task.get_name(), out.getvalue().rstrip())
 
 
 def configure_gc() -> None:
@@ -106,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         async def supervise() -> None:
             stop = asyncio.Event()
-            await _until_signalled(supervisor.run(stop), stop)
+            await until_signalled(supervisor.run(stop), stop)
 
         uvloop.run(supervise())
         return 1 if supervisor.failed else 0
@@ -117,13 +84,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers.follow_supervisor(int(supervisor_pid))
     configure_gc()
 
-    async def main() -> None:
+    async def main() -> bool:
         stop = asyncio.Event()
         gateway = Gateway(settings, config=config_path(args.config))
-        await _until_signalled(gateway.run(stop), stop)
+        drain_s = settings.kafka.drain_timeout.total_seconds()
+        return await until_signalled(gateway.run(stop), stop, drain_s)
 
-    uvloop.run(main())
-    return 0
+    return 0 if uvloop.run(main()) else 1
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

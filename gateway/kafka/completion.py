@@ -24,7 +24,7 @@ from prometheus_client import Counter
 from gateway.config import KafkaSettings
 from gateway.kafka.clients import build_transactional_producer
 from gateway.kafka.commits import Commits
-from gateway.kafka.exactly_once import StepAborted, Transactions
+from gateway.kafka.exactly_once import END_MARGIN_S, StepAborted, Transactions
 from gateway.kafka.offsets import OffsetBook
 from gateway.kafka.sink import Sink
 from gateway.kafka.transactions import Member
@@ -178,7 +178,8 @@ class TransactionalCompletions:
         build = functools.partial(build_transactional_producer, self.kafka, txn_id)
         producer = build()
         await producer.start()  # InitProducerId: aborts what an earlier holder of the id left
-        transactions = Transactions(loop, producer, build)
+        end_within_s = self.kafka.transaction_timeout.total_seconds() + END_MARGIN_S
+        transactions = Transactions(loop, producer, build, end_within_s)
         self.stack.push_async_callback(transactions.stop)
         return TransactionalCompletion(consumer, loop, transactions, self.kafka, self.metrics)
 

@@ -61,6 +61,13 @@ class KafkaSettings(Section):
     transaction_timeout: Duration = Field(
         default=timedelta(seconds=10), ge=timedelta(seconds=1), le=timedelta(minutes=15)
     )
+    # How long SIGTERM's drain (finish, commit, leave the group) may take: past it the
+    # gateway leaves what is in flight, uncommitted (read again at the next start, as
+    # after a crash), and exits 1. Keep it under the platform's own grace period
+    # (Kubernetes' terminationGracePeriodSeconds) less 10 s.
+    drain_timeout: Duration = Field(
+        default=timedelta(seconds=30), ge=timedelta(seconds=1), le=timedelta(minutes=10)
+    )
     # Static group membership (KIP-345): a name unique in the group and stable across
     # restarts (a pod name). A gateway restarted within `session_timeout` takes its
     # partitions back without a rebalance; `run --workers N` appends `-<worker>`.

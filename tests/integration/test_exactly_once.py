@@ -483,7 +483,7 @@ async def test_a_fence_met_by_batches_not_yet_sent_leaves_no_unseen_failure(brok
     build = functools.partial(build_transactional_producer, kafka, names("txn"))
     fenced = build()
     await fenced.start()
-    transactions = Transactions("raw", fenced, build)
+    transactions = Transactions("raw", fenced, build, 12.0)
     waiters: list[asyncio.Future[None]] = []
 
     async def step() -> dict[TopicPartition, int]:

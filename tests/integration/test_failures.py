@@ -23,8 +23,6 @@ from devtools.harness import (
     redis_urls,
     running,
 )
-from devtools.localstack import free_port, kafka_broker
-from devtools.proxy import TcpProxy
 from devtools.topics import committed_offsets, read_topic, wait_committed
 from gateway.contract.tokens import mark_digest
 from gateway.kafka.clients import build_consumer, build_producer
@@ -243,22 +241,6 @@ async def test_an_id_that_is_not_utf8_is_released_or_retried_by_its_exact_bytes(
     copies = await read_topic(broker, topics.clean)
     assert [dict(c.headers)["dedup-id"] for c in copies] == [binary, binary]
     assert sorted(map(attempt_of, copies)) == ([1, 1] if mode == "release" else [1, 2])
-
-
-@pytest.fixture
-async def proxied_broker(tmp_path):
-    """A broker of its own whose clients all go through a TcpProxy: it advertises the
-    proxy's port, so pausing the proxy stalls every connection, not just the bootstrap."""
-    port = free_port()
-    proxy = TcpProxy("127.0.0.1", port)
-    proxy_port = await proxy.start()
-    server = kafka_broker(tmp_path, port=port, advertised_port=proxy_port)
-    await asyncio.to_thread(server.start)
-    try:
-        yield f"127.0.0.1:{proxy_port}", proxy
-    finally:
-        await proxy.stop()
-        server.stop()
 
 
 async def test_a_raw_fetch_outlasting_its_deadline_is_retried_later_not_called_gone(

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import cli
 from gateway.cli import _message_id, build_parser, main
+from gateway.service import signals
 
 # Unreachable on purpose: a command that got as far as connecting would fail differently.
 CONFIG = """
@@ -175,7 +175,7 @@ async def test_sigusr1_logs_where_every_asyncio_task_waits(caplog):
     task = asyncio.create_task(waiting_on_the_gate(), name="stuck-one")
     await asyncio.sleep(0)  # let it reach its await
     with caplog.at_level(logging.WARNING, logger="gateway"):
-        cli.log_tasks()
+        signals.log_tasks()
     gate.set()
     await task
     text = caplog.text

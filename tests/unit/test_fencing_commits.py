@@ -63,7 +63,7 @@ class Producer:
 
 async def test_a_transaction_that_wrote_copies_and_has_no_offset_aborts() -> None:
     producer = Producer()
-    transactions = Transactions("failures", producer, Producer)  # type: ignore[arg-type]
+    transactions = Transactions("failures", producer, Producer, 12.0)  # type: ignore[arg-type]
 
     async def step(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         producer._txn_manager.txn_partitions.add(TopicPartition("clean", 0))  # a copy out

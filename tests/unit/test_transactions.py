@@ -111,7 +111,7 @@ async def test_a_new_producer_that_does_not_start_is_tried_again(caplog) -> None
     class Producer:
         def __init__(self) -> None:
             self._sender = SimpleNamespace(sender_task=None)
-            self._txn_manager = SimpleNamespace(_transaction_waiter=None)
+            self._txn_manager = SimpleNamespace(_transaction_waiter=None, _pending_txn_offsets=[])
             self._message_accumulator = SimpleNamespace(_batches={}, _pending_batches=set())
 
         async def start(self) -> None:
@@ -122,7 +122,7 @@ async def test_a_new_producer_that_does_not_start_is_tried_again(caplog) -> None
         async def stop(self) -> None:
             pass
 
-    transactions = Transactions("raw", Producer(), Producer)  # type: ignore[arg-type]
+    transactions = Transactions("raw", Producer(), Producer, 12.0)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
         await transactions._renew()
     assert len(started) == 3 and transactions.producer is started[-1]
