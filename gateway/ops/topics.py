@@ -184,6 +184,15 @@ async def existing_topics(admin: AIOKafkaAdminClient, names: list[str]) -> dict[
     return {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
 
 
+def durable(configs: dict[str, str], replication: int) -> dict[str, str]:
+    """`configs`, and with 3 replicas or more `min.insync.replicas` 2 unless `[topics]`
+    sets it: an acknowledged write is then on two brokers (the broker's default, 1,
+    loses it with the one broker that had it)."""
+    if replication >= 3:
+        return {"min.insync.replicas": "2", **configs}
+    return configs
+
+
 @dataclass
 class Created:
     name: str
@@ -201,7 +210,10 @@ async def create_missing(
     missing = [spec for spec in specs if spec.name not in existing]
     if dry_run or not missing:
         return [Created(spec.name, None) for spec in missing]
-    new = [NewTopic(s.name, s.partitions, replication, topic_configs=s.configs()) for s in missing]
+    new = [
+        NewTopic(s.name, s.partitions, replication, topic_configs=durable(s.configs(), replication))
+        for s in missing
+    ]
     try:
         response = await admin.create_topics(new)
     except KafkaError as exc:

@@ -13,7 +13,7 @@ import pytest
 from aiokafka.errors import GroupCoordinatorNotAvailableError, UnknownError
 
 from gateway.config import LogSettings
-from gateway.logs import configure
+from gateway.logs import RetriedIsNoError, configure
 
 
 @pytest.fixture
@@ -74,3 +74,28 @@ def test_a_failure_aiokafka_retries_is_a_warning_not_an_error(configured, level)
         ["WARNING", "ERROR"] if level == "INFO" else ["ERROR"]
     )
     assert "UnknownError" in lines[-1]
+
+
+def test_a_broker_that_is_down_is_a_warning_at_most_once_per_window_with_a_count() -> None:
+    now = [100.0]
+    retried = RetriedIsNoError(window_s=10.0, clock=lambda: now[0])
+
+    def shown(message: str, *args: object, name: str = "aiokafka") -> logging.LogRecord | None:
+        record = logging.LogRecord(name, logging.ERROR, __file__, 1, message, args, None)
+        return record if retried.filter(record) else None
+
+    first = shown("Unable connect to node with id %s: %s", 3, ConnectionRefusedError(111))
+    assert first is not None and first.levelname == "WARNING"
+    for node in range(1, 100):  # one per request while the broker is down
+        now[0] += 0.05
+        assert shown("Unable connect to node with id %s: %s", node, OSError()) is None
+    other = shown("Unable to update metadata from %s", [3])  # its own message: its own count
+    assert other is not None and other.levelname == "WARNING"
+    now[0] = 111.0
+    later = shown("Unable connect to node with id %s: %s", 3, OSError())
+    assert later is not None
+    assert later.getMessage().endswith("(99 more like it in the 11s before)")
+    # Not aiokafka's, or not retried: every line, as it came.
+    assert shown("a member failed: %s", "x", name="gateway.quorum").levelname == "ERROR"  # type: ignore[union-attr]
+    assert shown("a member failed: %s", "x", name="gateway.quorum") is not None
+    assert shown("Group Coordinator Request failed: %s", UnknownError()).levelname == "ERROR"  # type: ignore[union-attr]
