@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+
+from devtools.localstack import free_port, kafka_broker
 
 CHUNK = 65_536
 
@@ -113,3 +117,19 @@ class TcpProxy:
                 await self._flowing.wait()  # paused mid-chunk: hold it until resumed
                 writer.write(data)
                 await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def proxied(state_dir: Path) -> AsyncIterator[tuple[str, TcpProxy]]:
+    """A broker of its own whose clients all go through a TcpProxy: it advertises the
+    proxy's port, so pausing the proxy stalls every connection, not just the bootstrap."""
+    port = free_port()
+    proxy = TcpProxy("127.0.0.1", port)
+    proxy_port = await proxy.start()
+    server = kafka_broker(state_dir, port=port, advertised_port=proxy_port)
+    await asyncio.to_thread(server.start)
+    try:
+        yield f"127.0.0.1:{proxy_port}", proxy
+    finally:
+        await proxy.stop()
+        server.stop()

@@ -52,10 +52,22 @@ ONE_AT_A_TIME = {
 }
 
 
+# Session fixtures whose tests are split into this many groups by module (each group
+# builds its own): the Spark session's tests take ~10 min one after another, the
+# longest group of `make test`, and mostly wait on micro-batches.
+SPLIT_SESSIONS = {"spark": 2}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group(item)
+    groups = {item: xdist_group(item) for item in items}
+    for name, parts in SPLIT_SESSIONS.items():
+        modules = sorted({_where(i) for i, g in groups.items() if g == name})
+        half = {module: n % parts for n, module in enumerate(modules)}
+        for item, group in groups.items():
+            if group == name:
+                groups[item] = f"{name}-{half[_where(item)]}"
+    for item, group in groups.items():
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 

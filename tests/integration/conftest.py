@@ -3,16 +3,16 @@ settings that join them, the lines ~70 tests opened with."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devtools.harness import Topics, make_settings, redis_urls
-from devtools.localstack import ManagedProcess, free_port, kafka_broker
-from devtools.proxy import TcpProxy
+from devtools.localstack import ManagedProcess
+from devtools.proxy import TcpProxy, proxied
 from devtools.topics import create_topics
 from gateway.config import Settings
 from gateway.rules.tiers import tier_topics
@@ -72,16 +72,6 @@ def stack(broker: str, redis_servers: Any, names: Any) -> StackFactory:
 
 
 @pytest.fixture
-async def proxied_broker(tmp_path):
-    """A broker of its own whose clients all go through a TcpProxy: it advertises the
-    proxy's port, so pausing the proxy stalls every connection, not just the bootstrap."""
-    port = free_port()
-    proxy = TcpProxy("127.0.0.1", port)
-    proxy_port = await proxy.start()
-    server = kafka_broker(tmp_path, port=port, advertised_port=proxy_port)
-    await asyncio.to_thread(server.start)
-    try:
-        yield f"127.0.0.1:{proxy_port}", proxy
-    finally:
-        await proxy.stop()
-        server.stop()
+async def proxied_broker(tmp_path: Path) -> AsyncIterator[tuple[str, TcpProxy]]:
+    async with proxied(tmp_path) as broker:
+        yield broker

@@ -36,7 +36,9 @@ from gateway.quorum.quorum import Quorum
 from gateway.rules.commands import Handover
 from gateway.rules.vote import MINE
 
-SERVERS = ["redis-server", "valkey-server"]
+# Valkey's run of each test in `make test-long` (marker second_engine): the same
+# protocol and scripts, and a Redis Cluster test takes 20-90 s.
+SERVERS = ["redis-server", pytest.param("valkey-server", marks=pytest.mark.second_engine)]
 
 
 def cluster_quorum(cluster: RedisClusterProcesses, **redis: Any) -> Quorum:
