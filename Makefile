@@ -41,7 +41,7 @@ PARALLEL ?= -n 4 --dist loadgroup
 # cluster, the benchmark scripts at test size, the native claim's long sanitizer
 # fuzz) have a target of their own; CI runs `make test` and then `make test-long`.
 # `pytest` alone runs both.
-LONG := chaos_schedule or spark_cluster or bench_run or native_fuzz or kafka_cluster or second_engine
+LONG := chaos_schedule or spark_cluster or bench_run or native_fuzz or kafka_cluster or second_engine or release_install
 # Each run ends with its 25 slowest tests: where the suite's wall time goes.
 test: $(STAMP) lint typecheck  ## lint, strict types, then the suite but its long runs
 	$(PY) -m pytest $(PARALLEL) --durations=25 -m "not ($(LONG))" $(ARGS)

@@ -134,6 +134,7 @@ def test_no_code_states_the_version_itself() -> None:
     assert 'version("dedup-gateway")' in (REPO / "gateway" / "metrics.py").read_text()
 
 
+@pytest.mark.release_install
 def test_the_wheel_installs_by_name_in_a_fresh_venv_with_its_extras(
     dist: Path, tmp_path: Path
 ) -> None:
