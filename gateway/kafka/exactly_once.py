@@ -38,6 +38,7 @@ RENEW_FIRST_WAIT_S = 0.1  # between tries to start a new producer after a fence
 RENEW_MAX_WAIT_S = 5.0
 ABORT_WITHIN_S = 5.0  # an abort when a step raised (a stop, a cancel)
 END_MARGIN_S = 2.0  # past transaction_timeout: the broker's abort and its answer
+END_AT_LEAST_S = 60.0  # and never less than this: a broker restarting is not stuck
 
 
 class StepAborted(Exception):
@@ -186,17 +187,27 @@ async def retire(producer: TransactionalProducer) -> None:
     waiter is aiokafka's own, awaited by nobody (chaos seed 4: one traceback per
     partition whose batch waited for AddPartitionsToTxn when a broker back from 20 s
     away answered that the epoch was gone)."""
-    txn = producer._txn_manager
-    # What may fail while or after it stops (a stop is bounded: its sender may run on):
-    # offsets a stalled end left pending and the sender that sends them (chaos seeds
-    # 52204 and 52304: a stalled end given up, then fenced by the new producer).
-    _watch(producer._sender.sender_task, txn._transaction_waiter,
-           *(fut for _, _, fut in txn._pending_txn_offsets))  # fmt: skip
+    txn, accumulator = producer._txn_manager, producer._message_accumulator
+
+    def left_behind() -> list[asyncio.Future[Any] | None]:
+        batches = [*(b for queued in accumulator._batches.values() for b in queued)]
+        batches += accumulator._pending_batches
+        return [txn._transaction_waiter, *(fut for _, _, fut in txn._pending_txn_offsets),
+                *(b._drain_waiter for b in batches), *(b.future for b in batches)]  # fmt: skip
+
+    def sender_ended(task: asyncio.Future[Any]) -> None:
+        # After aiokafka's own callback, which fails the transaction (a new waiter) and
+        # every batch with what ended the sender: a stop is bounded, and its sender may
+        # end later on a fence (chaos seeds 1, 52204, 52304: a stalled end given up, its
+        # offsets then fenced by the new producer).
+        _seen(task)
+        _watch(*left_behind())
+
+    if producer._sender.sender_task is not None:
+        producer._sender.sender_task.add_done_callback(sender_ended)
+    _watch(*left_behind())
     await stop_within(producer)
-    accumulator = producer._message_accumulator
-    batches = [*(b for queued in accumulator._batches.values() for b in queued)]
-    batches += accumulator._pending_batches
-    _watch(txn._transaction_waiter, *(batch._drain_waiter for batch in batches))
+    _watch(*left_behind())
 
 
 def _watch(*futures: asyncio.Future[Any] | None) -> None:

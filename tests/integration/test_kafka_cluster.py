@@ -9,10 +9,7 @@ In `make test-long` (`-m kafka_cluster`): three JVMs for the module."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,7 +17,14 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from devtools.harness import Topics, clean_ids, make_settings, redis_urls, write_toml
+from devtools.harness import (
+    Topics,
+    clean_ids,
+    make_settings,
+    redis_urls,
+    start_process,
+    write_toml,
+)
 from devtools.kafka_cluster import KafkaCluster
 from devtools.topics import committed_offsets, create_topics, wait_committed
 from devtools.traffic import produce_traffic
@@ -73,14 +77,6 @@ def test_topics_create_replicates_three_ways_and_check_config_warns_of_one_repli
     assert f"WARN  topic {lone}: 1 replica on a cluster of 3+ brokers" in out, out
 
 
-def start(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "gateway", "run", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-
-
 async def test_a_leader_and_the_group_coordinator_killed_mid_stream_lose_and_repeat_nothing(
     cluster, redis_servers, names, tmp_path
 ):
@@ -93,7 +89,7 @@ async def test_a_leader_and_the_group_coordinator_killed_mid_stream_lose_and_rep
     config = write_toml(tmp_path / "gateway.toml", settings)
     await asyncio.to_thread(create_with_the_cli, config)
     log = tmp_path / "gateway.log"
-    gateway = start(config, log)
+    gateway = start_process(config, log)
     killed: list[int] = []
     ends: Counter[int] = Counter()  # raw partition -> records produced
     unique: set[str] = set()
