@@ -69,14 +69,14 @@ class KafkaCluster:
         voters = ",".join(f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(control))
         for i in range(self.size):
             node_id = i + 1
-            props = {
-                **CLUSTER_SETTINGS,
-                "node.id": str(node_id),
-                "controller.quorum.voters": voters,
-                "listeners": f"PLAINTEXT://127.0.0.1:{listen[i]},CONTROLLER://127.0.0.1:{control[i]}",
-                **self.settings,
-            }
-            node = kafka_broker(self.state_dir / f"node-{node_id}", port=listen[i], settings=props)
+            props = {**CLUSTER_SETTINGS, "node.id": str(node_id), **self.settings}
+            node = kafka_broker(
+                self.state_dir / f"node-{node_id}",
+                port=listen[i],
+                settings=props,
+                controller_port=control[i],
+                voters=voters,
+            )
             node.name = f"broker-{node_id}"
             self.nodes[node_id] = node
         # Side by side: a node says it started once a majority of voters elected a leader.

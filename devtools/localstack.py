@@ -575,12 +575,16 @@ def kafka_broker(
     port: int | None = None,
     advertised_port: int | None = None,
     settings: dict[str, str] | None = None,
+    controller_port: int | None = None,
+    voters: str | None = None,
 ) -> KafkaBroker:
     """An Apache Kafka broker (KRaft, one node) on 127.0.0.1, not started yet.
 
     `advertised_port`: the port its metadata tells clients to connect to, when
     something else listens there (a `devtools.proxy.TcpProxy` in front of it).
-    `settings`: server properties over BROKER_SETTINGS.
+    `settings`: server properties over BROKER_SETTINGS. `controller_port` and
+    `voters` (`controller.quorum.voters`): a node of a cluster (devtools/kafka_cluster.py);
+    without them, the one voter on a free port.
     The jars come from Maven Central through `mvn` (devtools/jars.py) on first use.
     """
     java = shutil.which("java")
@@ -591,7 +595,7 @@ def kafka_broker(
     except JarFetchError as exc:
         raise LocalStackError(str(exc)) from exc
     port = port or free_port()
-    controller = free_port()
+    controller = controller_port or free_port()
     while controller == port:
         controller = free_port()
     work = state_dir / "broker"
@@ -599,7 +603,7 @@ def kafka_broker(
     data = work / "data"
     props = {
         **BROKER_SETTINGS,
-        "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+        "controller.quorum.voters": voters or f"1@127.0.0.1:{controller}",
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{advertised_port or port}",
         "log.dirs": str(data),

@@ -24,7 +24,7 @@ from prometheus_client import Counter
 from gateway.config import KafkaSettings
 from gateway.kafka.clients import build_transactional_producer
 from gateway.kafka.commits import Commits
-from gateway.kafka.exactly_once import END_AT_LEAST_S, END_MARGIN_S, StepAborted, Transactions
+from gateway.kafka.exactly_once import StepAborted, Transactions, end_bound_s
 from gateway.kafka.offsets import OffsetBook
 from gateway.kafka.sink import Sink
 from gateway.kafka.transactions import Member
@@ -178,11 +178,7 @@ class TransactionalCompletions:
         build = functools.partial(build_transactional_producer, self.kafka, txn_id)
         producer = build()
         await producer.start()  # InitProducerId: aborts what an earlier holder of the id left
-        # A bound for an end that never comes, not for a slow broker (a restart takes
-        # 20 s on a loaded machine): giving up costs a new producer and a re-read.
-        end_within_s = max(
-            self.kafka.transaction_timeout.total_seconds() + END_MARGIN_S, END_AT_LEAST_S
-        )
+        end_within_s = end_bound_s(self.kafka.transaction_timeout.total_seconds())
         transactions = Transactions(loop, producer, build, end_within_s)
         self.stack.push_async_callback(transactions.stop)
         return TransactionalCompletion(consumer, loop, transactions, self.kafka, self.metrics)

@@ -41,6 +41,13 @@ END_MARGIN_S = 2.0  # past transaction_timeout: the broker's abort and its answe
 END_AT_LEAST_S = 60.0  # and never less than this: a broker restarting is not stuck
 
 
+def end_bound_s(transaction_timeout_s: float) -> float:
+    """How long a step's offsets and commit may take before a new producer ends the
+    transaction: a bound for an end that never comes, not for a slow broker (a restart
+    takes 20 s on a loaded machine; CI's chaos seed 1)."""
+    return max(transaction_timeout_s + END_MARGIN_S, END_AT_LEAST_S)
+
+
 class StepAborted(Exception):
     """A step's transaction aborted: nothing of it is visible, no offset moved."""
 
@@ -74,9 +81,7 @@ class Transactions:
     what: str
     producer: TransactionalProducer
     build: Callable[[], TransactionalProducer]
-    # How long offsets and commit may take: `[kafka] transaction_timeout`, after which
-    # the broker has ended the transaction itself, and a round trip.
-    end_within_s: float
+    end_within_s: float  # how long offsets and commit may take (`end_bound_s`)
 
     async def run(
         self,

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from devtools.harness import (
     Topics,
@@ -75,6 +75,25 @@ def test_topics_create_replicates_three_ways_and_check_config_warns_of_one_repli
     cli.main(["check-config", "--config", str(alone), "--connect"])
     out = capsys.readouterr().out
     assert f"WARN  topic {lone}: 1 replica on a cluster of 3+ brokers" in out, out
+
+    # A failure topic with 3 replicas but min.insync.replicas 1: named, with the command.
+    loose = names("loose-failures")
+    asyncio.run(create_replicated(cluster.bootstrap, loose, {"min.insync.replicas": "1"}))
+    kafka = settings.kafka.model_copy(update={"failure_topic": loose})
+    config = write_toml(tmp_path / "loose.toml", settings.model_copy(update={"kafka": kafka}))
+    cli.main(["check-config", "--config", str(config), "--connect"])
+    out = capsys.readouterr().out
+    assert f"WARN  topic {loose}: min.insync.replicas 1: a write acknowledged by one" in out, out
+    assert "--add-config min.insync.replicas=2" in out
+
+
+async def create_replicated(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 3, topic_configs=configs)])
+    finally:
+        await admin.close()
 
 
 async def test_a_leader_and_the_group_coordinator_killed_mid_stream_lose_and_repeat_nothing(

@@ -14,7 +14,7 @@ from gateway.config import Settings
 from gateway.errors import ConfigError
 from gateway.kafka.admin import transactions_unsupported
 from gateway.kafka.completion import transactional_id
-from gateway.kafka.exactly_once import Transactions
+from gateway.kafka.exactly_once import Transactions, end_bound_s
 from gateway.kafka.transactions import FencingEndTxnHandler
 from gateway.service.app import Gateway
 
@@ -127,3 +127,8 @@ async def test_a_new_producer_that_does_not_start_is_tried_again(caplog) -> None
         await transactions._renew()
     assert len(started) == 3 and transactions.producer is started[-1]
     assert caplog.text.count("did not start") == 2
+
+
+def test_a_transactions_end_is_given_up_after_its_timeout_and_a_round_trip_not_before_60s() -> None:
+    assert end_bound_s(10) == 60.0  # the default: a broker restart is not a stall
+    assert end_bound_s(120) == 122.0  # past the broker's own abort, and its answer
